@@ -1,0 +1,29 @@
+# Two entry points: `make train` (the default experiment) and `make test` (the suite).
+# Both create their own virtual environment on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build; on a CUDA cluster use e.g. `make install TORCH_SPEC="torch==2.13.0 --index-url ..."`.
+TORCH_SPEC ?= torch==2.13.0
+RUN_DIR ?= runs/default
+STAMP := $(VENV)/.installed
+
+.PHONY: install train test clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/credit train run_dir=$(RUN_DIR)
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+
+clean-runs:
+	rm -rf runs
