@@ -1,0 +1,30 @@
+"""Training entry point for hydra users and launchers: `python applications/train.py KEY=VALUE ...`.
+
+Takes the same overrides as `credit train`; under torchrun every rank composes the same
+config and resolves the same run directory.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from credit.config import ConfigError, finalize_config, register_configs
+
+register_configs()
+
+
+@hydra.main(config_path="pkg://credit.conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        cfg = finalize_config(cfg)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    from credit.train import run_training
+
+    run_training(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Sharded checkpoints: one `torch.distributed.checkpoint` directory per saved step.
+
+Layout under `<run_dir>/checkpoints/`:
+  step_00000100/        a complete checkpoint (DCP shards + `.metadata`)
+  .partial_step_00000200/  a save in progress; never read, removed by the next save
+
+A save writes into the partial directory and, once every rank has finished writing,
+rank 0 renames it into place. A crash mid-save therefore leaves the previous complete
+checkpoint untouched, and resume never sees a half-written one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_PARTIAL_PREFIX = ".partial_"
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _is_writer() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """A DCP directory whose save finished (DCP writes `.metadata` last)."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def checkpoint_keys(path: str | Path) -> set[str]:
+    """Flattened keys stored in a DCP checkpoint, e.g. `model.head.weight`, `rng.rank0`."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    return set(metadata.state_dict_metadata)
+
+
+class CheckpointManager:
+    """Save, find and load step checkpoints under `root`, keeping the latest `keep_latest_k`."""
+
+    def __init__(self, root: str | Path, keep_latest_k: int) -> None:
+        if keep_latest_k < 1:
+            raise ValueError(f"trainer.checkpoint.keep_latest_k={keep_latest_k} must be >= 1")
+        self.root = Path(root)
+        self.keep_latest_k = keep_latest_k
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def complete_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of every complete checkpoint, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and is_complete_checkpoint(path):
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        checkpoints = self.complete_checkpoints()
+        return checkpoints[-1][1] if checkpoints else None
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write `state` (a DCP state dict) as the checkpoint of `step`; all ranks call this."""
+        final = self.step_dir(step)
+        partial = self.root / f"{_PARTIAL_PREFIX}{final.name}"
+        if _is_writer():
+            self.root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                shutil.rmtree(partial)
+        _barrier()
+        dcp.save(state, checkpoint_id=str(partial))
+        _barrier()
+        if _is_writer():
+            self._publish(partial, final)
+            self._retain()
+        _barrier()
+        return final
+
+    def _publish(self, partial: Path, final: Path) -> None:
+        if final.exists():
+            # Same step saved again (e.g. after resuming): swap, then drop the old copy, so
+            # some complete checkpoint of this step exists at every moment.
+            stale = final.with_name(f"{_PARTIAL_PREFIX}stale_{final.name}")
+            if stale.exists():
+                shutil.rmtree(stale)
+            final.rename(stale)
+            partial.rename(final)
+            shutil.rmtree(stale)
+        else:
+            partial.rename(final)
+
+    def _retain(self) -> None:
+        checkpoints = self.complete_checkpoints()
+        for _, path in checkpoints[: -self.keep_latest_k]:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed old checkpoint %s (keep_latest_k=%d)", path, self.keep_latest_k)
+
+
+def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Load a DCP checkpoint into `state` in place (every key of `state` must be stored)."""
+    path = Path(path)
+    if not is_complete_checkpoint(path):
+        raise FileNotFoundError(
+            f"checkpoint {path} is not a complete DCP checkpoint directory (no .metadata)"
+        )
+    dcp.load(state, checkpoint_id=str(path))

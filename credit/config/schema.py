@@ -1,0 +1,142 @@
+"""The structured config: every key a run accepts, with its type and default.
+
+Registered with hydra's ConfigStore as `base_config`, so composing a YAML file or a
+command-line override with a key not declared here fails and names the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = "wxformer"
+    dim: List[int] = MISSING  # width of each encoder stage
+    depth: List[int] = MISSING  # transformer rounds per stage
+    dim_head: int = 16
+    local_window_size: List[int] = MISSING
+    global_window_size: List[int] = MISSING
+    cross_embed_kernel_sizes: List[List[int]] = MISSING
+    cross_embed_strides: List[int] = MISSING
+    ff_mult: int = 4
+    attn_dropout: float = 0.0
+    ff_dropout: float = 0.0
+    use_spectral_norm: bool = False
+    padding: str = "earth"  # earth | none
+
+
+@dataclass
+class DataFiles:
+    """Globs relative to `data.root`, one per variable role."""
+
+    upper_air: str = "era5_*.nc"
+    surface: str = "era5_*.nc"
+    forcing: str = "forcing_*.nc"
+    static: str = "static.nc"
+    diagnostic: str = "era5_*.nc"
+    mean: str = "mean.nc"
+    std: str = "std.nc"
+
+
+@dataclass
+class DataVariables:
+    upper_air: List[str] = field(default_factory=lambda: ["U", "V", "T", "Q"])
+    surface: List[str] = field(default_factory=lambda: ["SP", "t2m"])
+    forcing: List[str] = field(default_factory=lambda: ["tsi"])
+    static: List[str] = field(default_factory=lambda: ["Z_GDS4_SFC", "LSM"])
+    diagnostic: List[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerateConfig:
+    """How the embedded synthetic dataset is made when `data.root` holds none."""
+
+    grid: List[int] = field(default_factory=lambda: [32, 64])
+    years: List[int] = field(default_factory=lambda: [2000, 2001])
+    train_years: List[int] = field(default_factory=lambda: [2000])
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    root: str = "data/embedded"
+    generate_if_missing: bool = True
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    files: DataFiles = field(default_factory=DataFiles)
+    variables: DataVariables = field(default_factory=DataVariables)
+    levels: List[float] = field(default_factory=lambda: [300.0, 500.0, 700.0, 850.0])
+    level_dim: str = "level"
+    train_period: List[str] = field(default_factory=lambda: ["2000-01-01", "2000-12-31"])
+    valid_period: List[str] = field(default_factory=lambda: ["2001-01-01", "2001-12-31"])
+    history_len: int = 1
+    forecast_len: int = 1
+    normalize: bool = True
+    num_workers: int = 0
+    valid_samples: int = 64  # validation samples, evenly spaced over valid_period
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-3
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+
+
+@dataclass
+class SchedulerConfig:
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int = 100  # 0: only at the end of the run
+    keep_latest_k: int = 2
+
+
+@dataclass
+class ParallelismConfig:
+    data: str = "none"  # none (ddp, fsdp2 arrive with 2-D parallelism)
+    tensor: int = 1
+
+
+@dataclass
+class LossConfig:
+    latitude_weighting: bool = True
+    variable_weights: Dict[str, float] = field(default_factory=dict)  # default 1.0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 100
+    seed: int = 42
+    resume: str = "auto"  # auto | never | path to a checkpoint
+    device: str = "auto"  # auto | cpu | cuda
+    batch_size: int = 8
+    grad_accum_steps: int = 1
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    valid_every_n_steps: int = 0  # 0: validate only at the end
+    progress_bar: bool = True
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="base_config", node=Config)

@@ -1,0 +1,152 @@
+"""Checks on a composed config that its types alone cannot express.
+
+Runs before any data, model or process-group work. Each failure raises `ConfigError`
+with one line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+PARALLEL_DATA_MODES = ("none",)  # ddp and fsdp2 arrive with 2-D parallelism
+RESUME_MODES = ("auto", "never")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A config key holds a value the run cannot use."""
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={_show(value)} is invalid: {allowed}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
+        return str(list(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _each(key: str, values: Any, test: Callable[[Any], bool], allowed: str) -> None:
+    for value in values:
+        _check(test(value), key, values, allowed)
+
+
+def validate_model(model: DictConfig, tensor: int = 1) -> None:
+    stages = len(model.dim)
+    _check(stages >= 1, "model.dim", model.dim, "give at least one stage width")
+    for key in ("depth", "local_window_size", "global_window_size", "cross_embed_kernel_sizes",
+                "cross_embed_strides"):
+        _check(len(model[key]) == stages, f"model.{key}", model[key],
+               f"needs one entry per stage ({stages}, the length of model.dim)")
+    _each("model.dim", model.dim, lambda d: d >= 1, "widths must be >= 1")
+    _each("model.depth", model.depth, lambda d: d >= 1, "depths must be >= 1")
+    _check(model.dim_head >= 1, "model.dim_head", model.dim_head, "must be >= 1")
+    for i, width in enumerate(model.dim):
+        _check(width % model.dim_head == 0, "model.dim_head", model.dim_head,
+               f"must divide every stage width (model.dim[{i}]={width})")
+        heads = width // model.dim_head
+        _check(heads % tensor == 0, "trainer.parallelism.tensor", tensor,
+               f"must divide the heads of every stage (stage {i} has {heads} heads = "
+               f"model.dim[{i}]={width} / model.dim_head={model.dim_head})")
+    _each("model.local_window_size", model.local_window_size, lambda w: w >= 1, "must be >= 1")
+    _each("model.global_window_size", model.global_window_size, lambda w: w >= 1, "must be >= 1")
+    _each("model.cross_embed_strides", model.cross_embed_strides, lambda s: s >= 1, "must be >= 1")
+    for i, (kernels, stride) in enumerate(zip(model.cross_embed_kernel_sizes, model.cross_embed_strides)):
+        _check(len(kernels) >= 1, f"model.cross_embed_kernel_sizes[{i}]", kernels, "needs a kernel")
+        for k in kernels:
+            _check(k >= stride and (k - stride) % 2 == 0, f"model.cross_embed_kernel_sizes[{i}]",
+                   kernels, f"each kernel must be >= the stride {stride} and differ from it by an "
+                   f"even number, so the output grid is the input grid / stride")
+    _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
+    for key in ("attn_dropout", "ff_dropout"):
+        _check(0.0 <= model[key] < 1.0, f"model.{key}", model[key], "must be in [0, 1)")
+    _check(model.padding in ("earth", "none"), "model.padding", model.padding,
+           "allowed: 'earth', 'none'")
+    _check(model.name == "wxformer", "model.name", model.name, "allowed: 'wxformer'")
+
+
+def _parse_time(key: str, value: str) -> np.datetime64:
+    try:
+        return np.datetime64(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r} is not an ISO date or time like 2000-01-31") from None
+
+
+def validate_data(data: DictConfig) -> None:
+    _check(data.history_len >= 1, "data.history_len", data.history_len, "must be >= 1")
+    _check(data.forecast_len >= 1, "data.forecast_len", data.forecast_len, "must be >= 1")
+    _check(data.num_workers >= 0, "data.num_workers", data.num_workers, "must be >= 0")
+    _check(data.valid_samples >= 1, "data.valid_samples", data.valid_samples, "must be >= 1")
+    _check(len(data.levels) >= 1 or not data.variables.upper_air, "data.levels", data.levels,
+           "give at least one pressure level for the upper-air variables")
+    _check(len(data.variables.upper_air) + len(data.variables.surface) >= 1,
+           "data.variables", "", "give at least one prognostic variable (upper_air or surface)")
+    for key in ("train_period", "valid_period"):
+        period = data[key]
+        _check(len(period) == 2, f"data.{key}", period, "give [start, end]")
+        start, end = (_parse_time(f"data.{key}", v) for v in period)
+        _check(start <= end, f"data.{key}", period, "start must not be after end")
+    gen = data.generate
+    _check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
+           "give [n_latitudes, n_longitudes], each >= 4")
+    _check(set(gen.train_years) <= set(gen.years), "data.generate.train_years", gen.train_years,
+           f"must be among data.generate.years={list(gen.years)}")
+
+
+def validate_trainer(trainer: DictConfig) -> None:
+    _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "must be >= 1")
+    _check(trainer.batch_size >= 1, "trainer.batch_size", trainer.batch_size, "must be >= 1")
+    _check(trainer.grad_accum_steps >= 1, "trainer.grad_accum_steps", trainer.grad_accum_steps,
+           "must be >= 1")
+    _check(trainer.grad_clip >= 0 and math.isfinite(trainer.grad_clip), "trainer.grad_clip",
+           trainer.grad_clip, "must be >= 0 (0 disables clipping)")
+    _check(trainer.valid_every_n_steps >= 0, "trainer.valid_every_n_steps",
+           trainer.valid_every_n_steps, "must be >= 0 (0: only at the end)")
+    _check(trainer.device in DEVICES, "trainer.device", trainer.device, f"allowed: {list(DEVICES)}")
+    resume = trainer.resume
+    _check(resume in RESUME_MODES or os.path.exists(resume), "trainer.resume", resume,
+           f"use 'auto', 'never' or the path of an existing checkpoint")
+    opt = trainer.optimizer
+    _check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
+    _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",
+           opt.betas, "give two values in [0, 1)")
+    _check(opt.weight_decay >= 0, "trainer.optimizer.weight_decay", opt.weight_decay, "must be >= 0")
+    _check(opt.eps > 0, "trainer.optimizer.eps", opt.eps, "must be > 0")
+    sched = trainer.scheduler
+    _check(sched.warmup_steps >= 0, "trainer.scheduler.warmup_steps", sched.warmup_steps,
+           "must be >= 0")
+    _check(0 <= sched.min_lr_ratio <= 1, "trainer.scheduler.min_lr_ratio", sched.min_lr_ratio,
+           "must be in [0, 1]")
+    ckpt = trainer.checkpoint
+    _check(ckpt.every_n_steps >= 0, "trainer.checkpoint.every_n_steps", ckpt.every_n_steps,
+           "must be >= 0 (0: only at the end)")
+    _check(ckpt.keep_latest_k >= 1, "trainer.checkpoint.keep_latest_k", ckpt.keep_latest_k,
+           "must be >= 1")
+    par = trainer.parallelism
+    _check(par.data in PARALLEL_DATA_MODES, "trainer.parallelism.data", par.data,
+           f"allowed in this release: {list(PARALLEL_DATA_MODES)}")
+    _check(par.tensor == 1, "trainer.parallelism.tensor", par.tensor,
+           "only 1 is supported in this release")
+    for weight_name, weight in trainer.loss.variable_weights.items():
+        _check(weight >= 0, f"trainer.loss.variable_weights.{weight_name}", weight, "must be >= 0")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first key whose value cannot be used."""
+    _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
+    validate_trainer(cfg.trainer)
+    validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
+    validate_data(cfg.data)
+    variables = cfg.data.variables
+    output_vars = [*variables.upper_air, *variables.surface, *variables.diagnostic]
+    for name in cfg.trainer.loss.variable_weights:
+        _check(name in output_vars, "trainer.loss.variable_weights", name,
+               f"is not an output variable; allowed: {output_vars}")

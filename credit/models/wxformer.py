@@ -1,0 +1,311 @@
+"""The wxformer: a cross-scale vision transformer that steps an atmospheric state 6 h ahead.
+
+Read top to bottom: the blocks that tensor parallelism shards (Attention, FeedForward,
+each declaring its `_tp_plan` beside it), the transformer stage that alternates local
+and dilated-window attention, the cross-embedding and up-sampling layers, and the
+model that strings them into an encoder/decoder with skip connections and a residual
+output.
+
+Layout of the model's input `x` (B, C_in, H, W), channels in this order:
+  history_len frames of the prognostic state (each `n_state` channels),
+  the dynamic forcing channels, then the static channels.
+Output (B, n_state + n_diagnostic, H, W): the next prognostic state (last input frame +
+predicted change) followed by the diagnostic channels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from credit.models.padding import EarthPad, required_multiple
+
+
+@dataclass(frozen=True)
+class WXFormerSpec:
+    """Everything that shapes the network. Built from `model.*` and the data layout."""
+
+    in_channels: int
+    out_channels: int
+    state_channels: int  # prognostic channels per frame, also the residual's width
+    history_len: int
+    grid: tuple[int, int]
+    dim: tuple[int, ...]
+    depth: tuple[int, ...]
+    dim_head: int
+    local_window_size: tuple[int, ...]
+    global_window_size: tuple[int, ...]
+    cross_embed_kernel_sizes: tuple[tuple[int, ...], ...]
+    cross_embed_strides: tuple[int, ...]
+    ff_mult: int = 4
+    attn_dropout: float = 0.0
+    ff_dropout: float = 0.0
+    padding: str = "earth"
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention inside windows of a channels-last (B, H, W, C) grid.
+
+    `kind="local"` attends within contiguous window x window patches; `kind="global"`
+    attends among points spaced H/window (and W/window) apart, so information crosses
+    the whole grid. The head count is read from the width of `to_q`'s output, so a
+    tensor-parallel rank that holds half of q's columns runs half of the heads.
+    """
+
+    # colwise: output features split across tp ranks (whole heads per rank, since
+    # q/k/v are separate and heads are contiguous); rowwise: input features split,
+    # partial outputs summed across tp ranks.
+    _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
+
+    def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> None:
+        super().__init__()
+        if kind not in ("local", "global"):
+            raise ValueError(f"attention kind {kind!r} is not 'local' or 'global'")
+        self.dim_head = dim_head
+        self.window = window
+        self.kind = kind
+        self.dropout = dropout
+        inner = (dim // dim_head) * dim_head
+        self.norm = nn.LayerNorm(dim)
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim)
+
+    @staticmethod
+    def _tp_constraints(module: "Attention", tp_size: int) -> None:
+        heads = module.to_q.out_features // module.dim_head
+        if heads % tp_size:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise ValueError(
+                f"attention with {heads} heads (width {module.to_q.out_features} / "
+                f"model.dim_head={module.dim_head}) is not divisible by "
+                f"trainer.parallelism.tensor={tp_size} (each tensor-parallel rank must own "
+                f"whole heads; use tensor in {divisors})"
+            )
+
+    def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        s = self.window
+        if self.kind == "local":
+            x = x.view(b, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
+        else:
+            x = x.view(b, s, h // s, s, w // s, c).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(-1, s * s, c)
+
+    def _from_windows(self, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        b, h, w, c = shape
+        s = self.window
+        if self.kind == "local":
+            x = x.view(b, h // s, w // s, s, s, c).permute(0, 1, 3, 2, 4, 5)
+        else:
+            x = x.view(b, h // s, w // s, s, s, c).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(b, h, w, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        windows = self._to_windows(self.norm(x))
+        q, k, v = self.to_q(windows), self.to_k(windows), self.to_v(windows)
+        n, length, width = q.shape
+        heads = width // self.dim_head
+
+        def split_heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(n, length, heads, self.dim_head).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(
+            split_heads(q),
+            split_heads(k),
+            split_heads(v),
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        merged = attended.transpose(1, 2).reshape(n, length, width)
+        return self._from_windows(self.to_out(merged), x.shape)
+
+
+class FeedForward(nn.Module):
+    """Pre-norm two-layer MLP over channels of a channels-last grid."""
+
+    # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
+    _tp_plan = {"up": "colwise", "down": "rowwise"}
+
+    def __init__(self, dim: int, mult: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, dim * mult)
+        self.down = nn.Linear(dim * mult, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    @staticmethod
+    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
+        hidden = module.up.out_features
+        if hidden % tp_size:
+            raise ValueError(
+                f"feed-forward hidden width {hidden} is not divisible by "
+                f"trainer.parallelism.tensor={tp_size}"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.dropout(F.gelu(self.up(self.norm(x)))))
+
+
+class TransformerStage(nn.Module):
+    """`depth` rounds of local attention, feed-forward, global attention, feed-forward."""
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        dim_head: int,
+        local_window: int,
+        global_window: int,
+        ff_mult: int,
+        attn_dropout: float,
+        ff_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            self.layers.append(
+                nn.ModuleList(
+                    [
+                        Attention(dim, dim_head, local_window, "local", attn_dropout),
+                        FeedForward(dim, ff_mult, ff_dropout),
+                        Attention(dim, dim_head, global_window, "global", attn_dropout),
+                        FeedForward(dim, ff_mult, ff_dropout),
+                    ]
+                )
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
+        for block in self.layers:
+            for layer in block:
+                x = x + layer(x)
+        return x.permute(0, 3, 1, 2)
+
+
+class CrossEmbed(nn.Module):
+    """Strided convolutions of several kernel sizes, concatenated along channels.
+
+    Small kernels get more channels than large ones; all share the stride, so their
+    outputs line up on the downsampled grid.
+    """
+
+    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int):
+        super().__init__()
+        kernels = sorted(kernel_sizes)
+        widths = [dim_out // 2 ** (i + 1) for i in range(len(kernels) - 1)]
+        widths.append(dim_out - sum(widths))
+        self.convs = nn.ModuleList(
+            nn.Conv2d(dim_in, width, k, stride=stride, padding=(k - stride) // 2)
+            for k, width in zip(kernels, widths)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([conv(x) for conv in self.convs], dim=1)
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    groups = math.gcd(channels, 8)
+    return nn.GroupNorm(groups, channels)
+
+
+class UpBlock(nn.Module):
+    """Transposed-convolution upsampling followed by a residual 3x3 convolution."""
+
+    def __init__(self, dim_in: int, dim_out: int, scale: int) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(dim_in, dim_out, kernel_size=scale, stride=scale)
+        self.norm = _group_norm(dim_out)
+        self.conv = nn.Conv2d(dim_out, dim_out, 3, padding=1)
+        self.conv_norm = _group_norm(dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.silu(self.norm(self.up(x)))
+        return x + F.silu(self.conv_norm(self.conv(x)))
+
+
+class WXFormer(nn.Module):
+    """Encoder of cross-embedding + transformer stages, decoder with skips, residual output."""
+
+    def __init__(self, spec: WXFormerSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        windows = [
+            [lw, gw] for lw, gw in zip(spec.local_window_size, spec.global_window_size)
+        ]
+        self.pad = EarthPad(
+            spec.grid, required_multiple(list(spec.cross_embed_strides), windows), spec.padding
+        )
+        dims_in = (spec.in_channels, *spec.dim[:-1])
+        self.embeds = nn.ModuleList()
+        self.stages = nn.ModuleList()
+        for i, (d_in, d_out) in enumerate(zip(dims_in, spec.dim)):
+            self.embeds.append(
+                CrossEmbed(d_in, d_out, spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i])
+            )
+            self.stages.append(
+                TransformerStage(
+                    d_out,
+                    spec.depth[i],
+                    spec.dim_head,
+                    spec.local_window_size[i],
+                    spec.global_window_size[i],
+                    spec.ff_mult,
+                    spec.attn_dropout,
+                    spec.ff_dropout,
+                )
+            )
+        # decoder: stage i's output is upsampled to stage i-1's grid and concatenated
+        # with stage i-1's output (skip connection), hence the doubled widths.
+        self.ups = nn.ModuleList()
+        width = spec.dim[-1]
+        for i in range(len(spec.dim) - 1, 0, -1):
+            self.ups.append(UpBlock(width, spec.dim[i - 1], spec.cross_embed_strides[i]))
+            width = 2 * spec.dim[i - 1]
+        self.head = nn.ConvTranspose2d(
+            width,
+            spec.out_channels,
+            kernel_size=spec.cross_embed_strides[0],
+            stride=spec.cross_embed_strides[0],
+        )
+        # Start close to persistence: a small predicted change at initialisation.
+        with torch.no_grad():
+            self.head.weight.mul_(0.1)
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        if x.shape[1] != spec.in_channels or tuple(x.shape[-2:]) != spec.grid:
+            raise ValueError(
+                f"wxformer expects input (B, {spec.in_channels}, {spec.grid[0]}, "
+                f"{spec.grid[1]}), got {tuple(x.shape)}"
+            )
+        start = (spec.history_len - 1) * spec.state_channels
+        last_state = x[:, start : start + spec.state_channels]
+
+        h = self.pad(x)
+        skips = []
+        for embed, stage in zip(self.embeds, self.stages):
+            h = stage(embed(h))
+            skips.append(h)
+        for up, skip in zip(self.ups, reversed(skips[:-1])):
+            h = torch.cat([up(h), skip], dim=1)
+        out = self.pad.crop(self.head(h))
+
+        delta, diagnostic = out[:, : spec.state_channels], out[:, spec.state_channels :]
+        return torch.cat([last_state + delta, diagnostic], dim=1)
+
+
+def apply_spectral_norm(model: nn.Module) -> nn.Module:
+    """Wrap every Linear and convolution weight in hook-style spectral normalisation.
+
+    The normalised layer then stores `weight_orig`, `weight_u` and `weight_v`.
+    """
+    for module in list(model.modules()):
+        if isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
+            nn.utils.spectral_norm(module)
+    return model

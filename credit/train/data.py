@@ -1,0 +1,59 @@
+"""Build the training and validation datasets from `data.*`, generating the embedded one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from credit.data import ERA5Dataset, VariableSpec, generate_dataset
+
+log = logging.getLogger(__name__)
+
+
+def variable_spec(data: DictConfig) -> VariableSpec:
+    v = data.variables
+    return VariableSpec(
+        upper_air=tuple(v.upper_air),
+        surface=tuple(v.surface),
+        forcing=tuple(v.forcing),
+        static=tuple(v.static),
+        diagnostic=tuple(v.diagnostic),
+    )
+
+
+def ensure_dataset(data: DictConfig, is_main: bool) -> Path:
+    """Return `data.root`, generating the embedded dataset there first when it is absent."""
+    root = Path(data.root)
+    present = root.is_dir() and any(root.glob(data.files.static))
+    if not present and data.generate_if_missing:
+        if is_main:
+            gen = data.generate
+            log.info("generating the embedded dataset in %s", root)
+            generate_dataset(
+                root,
+                grid=tuple(gen.grid),
+                years=list(gen.years),
+                levels=list(data.levels),
+                train_years=list(gen.train_years),
+                seed=gen.seed,
+            )
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    return root
+
+
+def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
+    return ERA5Dataset(
+        data.root,
+        files=dict(data.files),
+        variables=variable_spec(data),
+        levels=list(data.levels),
+        period=tuple(data[period_key]),
+        history_len=data.history_len,
+        forecast_len=data.forecast_len,
+        normalize=data.normalize,
+        level_dim=data.level_dim,
+    )

@@ -1,0 +1,41 @@
+"""Assemble model inputs from a batch and run the (multi-step) forecast."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def model_input(
+    state: torch.Tensor, forcing: torch.Tensor, static: torch.Tensor
+) -> torch.Tensor:
+    """(B, history_len, C_state, H, W) frames + (B, C_f, H, W) forcing at the predicted time
+    + (B, C_s, H, W) static -> (B, C_in, H, W) in the order the model documents."""
+    frames = state.flatten(1, 2)
+    return torch.cat([frames, forcing, static], dim=1)
+
+
+def forecast_loss(
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Mean loss over `forecast_len` autoregressive steps.
+
+    Each step's prediction is fed back, detached, as the newest history frame, so the
+    gradient of a step stays within that step (the usual multi-step fine-tuning).
+    """
+    state, forcing, static, target = batch["state"], batch["forcing"], batch["static"], batch["target"]
+    history_len = state.shape[1]
+    state_channels = state.shape[2]
+    forecast_len = target.shape[1]
+    total = state.new_zeros(())
+    for step in range(forecast_len):
+        prediction = model(model_input(state, forcing[:, history_len + step], static))
+        total = total + loss_fn(prediction, target[:, step])
+        if step + 1 < forecast_len:
+            newest = prediction[:, :state_channels].detach().unsqueeze(1)
+            state = torch.cat([state[:, 1:], newest], dim=1)
+    return total / forecast_len

@@ -1,0 +1,43 @@
+"""Run a validated config as a training job in this process."""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from credit.logs import configure_logging
+from credit.train.runtime import Runtime, resolve_device
+from credit.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def skill_table(results: dict[str, float]) -> str:
+    """Final validation as a table: model vs persistence RMSE per variable."""
+    names = [k[len("rmse_"):] for k in results if k.startswith("rmse_")]
+    lines = [f"{'variable':<12}{'model RMSE':>14}{'persistence':>14}  skill vs persistence"]
+    for name in names:
+        model = results[f"rmse_{name}"]
+        persistence = results.get(f"persistence_rmse_{name}")
+        if persistence is None:
+            lines.append(f"{name:<12}{model:>14.5g}{'-':>14}  (diagnostic)")
+        else:
+            verdict = "better" if model < persistence else "WORSE"
+            lines.append(
+                f"{name:<12}{model:>14.5g}{persistence:>14.5g}  {1 - model / persistence:+.1%} {verdict}"
+            )
+    return "\n".join(lines)
+
+
+def run_training(cfg: DictConfig) -> dict[str, float]:
+    """Train one process on `cfg` (already validated); return final validation metrics."""
+    configure_logging(rank=0)
+    runtime = Runtime(device=resolve_device(cfg.trainer.device))
+    trainer = Trainer(cfg, runtime)
+    trainer.setup()
+    results = trainer.fit()
+    if runtime.is_main:
+        log.info("final validation (lead 6 h, physical units):\n%s", skill_table(results))
+        log.info("results in %s (metrics.csv, loss.png, config.yaml, checkpoints/)", cfg.run_dir)
+    return results

@@ -1,0 +1,290 @@
+"""The training loop: data -> model -> loss -> step -> metrics -> checkpoint.
+
+Written for one process today and for the (dp, tp) mesh tomorrow: the sampler shards
+by data-parallel rank only, only rank 0 writes files, and every checkpoint is a sharded
+DCP directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from credit.checkpoint.manager import CheckpointManager, checkpoint_keys, load_checkpoint
+from credit.data import DPShardedBatchSampler
+from credit.models import build_model
+from credit.train.data import build_dataset, ensure_dataset
+from credit.train.forecast import forecast_loss
+from credit.train.losses import WeightedMSE, channel_weights, latitude_weights
+from credit.train.metrics import MetricsLog, plot_loss
+from credit.train.runtime import Runtime, rng_state, seed_everything, set_rng_state
+from credit.train.schedule import warmup_cosine
+from credit.train.validation import evaluate, evenly_spaced, output_channel_variables
+
+log = logging.getLogger(__name__)
+
+
+class _Batches:
+    """Endless batch-index stream for a DataLoader, starting at the sampler's position."""
+
+    def __init__(self, sampler: DPShardedBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self):
+        for _, _, indices in self.sampler.iterate_forever():
+            yield indices
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.run_dir = Path(cfg.run_dir)
+        self.checkpoints = CheckpointManager(
+            self.run_dir / "checkpoints", cfg.trainer.checkpoint.keep_latest_k
+        )
+
+    # ----------------------------------------------------------------- setup
+    def _resume_source(self) -> Path | None:
+        resume = self.cfg.trainer.resume
+        latest = self.checkpoints.latest()
+        if resume == "never":
+            if latest is not None or (self.run_dir / "metrics.csv").exists():
+                raise FileExistsError(
+                    f"run_dir {self.run_dir} already holds a run; trainer.resume=never would "
+                    f"overwrite it: use trainer.resume=auto to continue it or choose another run_dir"
+                )
+            return None
+        if resume == "auto":
+            return latest
+        return Path(resume)
+
+    def setup(self) -> None:
+        cfg, rt = self.cfg, self.runtime
+        data = cfg.data
+        ensure_dataset(data, rt.is_main)
+        self.train_set = build_dataset(data, "train_period")
+        self.valid_set = build_dataset(data, "valid_period")
+        variables = data.variables
+        self.channel_variables = output_channel_variables(
+            variables.upper_air, data.levels, variables.surface, variables.diagnostic
+        )
+        self.state_channels = len(self.train_set.state_channel_names)
+
+        # fully_shard (next release) does not broadcast weights: build identical ones everywhere.
+        seed_everything(cfg.trainer.seed)
+        sample = self.train_set[0]
+        self.model = build_model(
+            cfg.model,
+            in_channels=sample["state"].shape[0] * sample["state"].shape[1]
+            + sample["forcing"].shape[1]
+            + sample["static"].shape[0],
+            out_channels=sample["target"].shape[1],
+            state_channels=self.state_channels,
+            history_len=data.history_len,
+            grid=tuple(self.train_set.grid_shape),
+        ).to(rt.device)
+        # Runtime randomness differs per data-parallel replica, never across tp peers.
+        seed_everything(cfg.trainer.seed + rt.dp_rank)
+
+        opt = cfg.trainer.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=tuple(opt.betas),
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        sched = cfg.trainer.scheduler
+        self.scheduler = warmup_cosine(
+            self.optimizer, sched.warmup_steps, cfg.trainer.max_steps, sched.min_lr_ratio
+        )
+        lat_w = latitude_weights(self.train_set.latitude)
+        if not cfg.trainer.loss.latitude_weighting:
+            lat_w = torch.ones_like(lat_w)
+        self.lat_weights = lat_w
+        self.loss_fn = WeightedMSE(
+            lat_w, channel_weights(self.channel_variables, cfg.trainer.loss.variable_weights)
+        ).to(rt.device)
+
+        self.sampler = DPShardedBatchSampler(
+            len(self.train_set),
+            cfg.trainer.batch_size,
+            dp_rank=rt.dp_rank,
+            dp_size=rt.dp_size,
+            seed=cfg.trainer.seed,
+        )
+        self.step = 0
+        self.epoch, self.batch_in_epoch = 0, 0
+        source = self._resume_source()
+        if source is not None:
+            self.load(source)
+        self.sampler.set_position(self.epoch, self.batch_in_epoch)
+        self.loader = DataLoader(
+            self.train_set,
+            batch_sampler=_Batches(self.sampler),
+            num_workers=data.num_workers,
+            persistent_workers=data.num_workers > 0,
+        )
+        valid_indices = evenly_spaced(data.valid_samples, len(self.valid_set))
+        self.valid_loader = DataLoader(
+            torch.utils.data.Subset(self.valid_set, valid_indices),
+            batch_size=cfg.trainer.batch_size,
+            shuffle=False,
+            num_workers=0,
+        )
+
+    # ----------------------------------------------------------- checkpoints
+    def _state(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_state,
+            "optim": optim_state,
+            "scheduler": {"state": pickle.dumps(self.scheduler.state_dict())},
+            "progress": {
+                "step": self.step,
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+            },
+            # per-rank keys: DCP would keep only one copy of a value all ranks share
+            "rng": {f"rank{self.runtime.rank}": pickle.dumps(rng_state())},
+            "config": OmegaConf.to_yaml(self.cfg),
+        }
+
+    def save(self) -> Path:
+        path = self.checkpoints.save(self.step, self._state())
+        log.info("saved checkpoint %s", path)
+        return path
+
+    def load(self, path: Path) -> None:
+        state = self._state()
+        stored = checkpoint_keys(path)
+        own_rng = f"rng.rank{self.runtime.rank}"
+        if own_rng not in stored:
+            state.pop("rng")
+        load_checkpoint(path, state)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        self.scheduler.load_state_dict(pickle.loads(state["scheduler"]["state"]))
+        progress = state["progress"]
+        self.step = int(progress["step"])
+        self.epoch, self.batch_in_epoch = int(progress["epoch"]), int(progress["batch_in_epoch"])
+        if "rng" in state:
+            set_rng_state(pickle.loads(state["rng"][f"rank{self.runtime.rank}"]))
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------ loop
+    def _advance_position(self) -> None:
+        self.batch_in_epoch += 1
+        if self.batch_in_epoch == self.sampler.batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def validate(self) -> dict[str, float]:
+        return evaluate(
+            self.model,
+            self.valid_loader,
+            channel_variables=self.channel_variables,
+            target_std=self.valid_set.target_std,
+            lat_weights=self.lat_weights,
+            loss_fn=self.loss_fn,
+            state_channels=self.state_channels,
+            device=self.runtime.device,
+        )
+
+    def _write_config(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+
+    def fit(self) -> dict[str, float]:
+        """Train to `trainer.max_steps`; return the final validation metrics."""
+        cfg, rt = self.cfg, self.runtime
+        trainer = cfg.trainer
+        resumed_at = self.step if self.step > 0 else None
+        metrics = None
+        if rt.is_main:
+            self._write_config()
+            metrics = MetricsLog(
+                self.run_dir / "metrics.csv", list(dict.fromkeys(self.channel_variables)), resumed_at
+            )
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info(
+            "training %s (%.2fM parameters) on %s from step %d to %d; %d training samples",
+            cfg.model.name, n_params / 1e6, rt.device, self.step, trainer.max_steps,
+            len(self.train_set),
+        )
+        batches = iter(self.loader)
+        bar = tqdm(
+            total=trainer.max_steps,
+            initial=self.step,
+            desc="train",
+            disable=not (rt.is_main and trainer.progress_bar),
+            mininterval=1.0,
+        )
+        self.model.train()
+        results: dict[str, float] = {}
+        while self.step < trainer.max_steps:
+            started = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_value = 0.0
+            for _ in range(trainer.grad_accum_steps):
+                batch = {k: v.to(rt.device) for k, v in next(batches).items()}
+                self._advance_position()
+                loss = forecast_loss(self.model, batch, self.loss_fn)
+                (loss / trainer.grad_accum_steps).backward()
+                loss_value += loss.item() / trainer.grad_accum_steps
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(
+                    f"loss became {loss_value} at step {self.step + 1}; lower "
+                    f"trainer.optimizer.lr or enable trainer.grad_clip"
+                )
+            max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+            elapsed = time.perf_counter() - started
+            samples = trainer.batch_size * trainer.grad_accum_steps * rt.dp_size
+            if metrics is not None:
+                metrics.log(
+                    {
+                        "step": self.step,
+                        "epoch": self.epoch,
+                        "split": "train",
+                        "loss": loss_value,
+                        "grad_norm": grad_norm,
+                        "lr": lr,
+                        "samples_per_s": samples / elapsed,
+                    }
+                )
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+            last = self.step == trainer.max_steps
+            every_valid = trainer.valid_every_n_steps
+            if last or (every_valid and self.step % every_valid == 0):
+                results = self.validate()
+                if metrics is not None:
+                    metrics.log({"step": self.step, "epoch": self.epoch, "split": "valid", **results})
+            every_ckpt = trainer.checkpoint.every_n_steps
+            if last or (every_ckpt and self.step % every_ckpt == 0):
+                self.save()
+        bar.close()
+        if rt.is_main and (self.run_dir / "metrics.csv").exists():
+            plot_loss(self.run_dir / "metrics.csv", self.run_dir / "loss.png")
+        if not results:  # resumed at max_steps: nothing trained, still report skill
+            results = self.validate()
+        return results

@@ -1,0 +1,77 @@
+"""Validation on held-out times: RMSE per variable for the model and for persistence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from credit.train.forecast import model_input
+
+
+def output_channel_variables(
+    upper_air: Sequence[str], levels: Sequence[float], surface: Sequence[str], diagnostic: Sequence[str]
+) -> list[str]:
+    """The variable each output channel belongs to, in the dataset's channel order."""
+    return [v for v in upper_air for _ in levels] + list(surface) + list(diagnostic)
+
+
+def evenly_spaced(count: int, available: int) -> list[int]:
+    """`count` sample indices spread over `available`, always the same ones."""
+    count = min(count, available)
+    return sorted({int(i) for i in np.linspace(0, available - 1, count)})
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: Sequence[dict[str, torch.Tensor]] | Callable[[], object],
+    *,
+    channel_variables: Sequence[str],
+    target_std: np.ndarray,
+    lat_weights: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    state_channels: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Lead-1 skill over `batches`: `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
+
+    RMSE is in physical units (normalized error times the channel's std), latitude
+    weighted, pooled over samples, levels and grid points of each variable. Persistence
+    (the last input frame as the forecast) exists for prognostic variables only.
+    """
+    was_training = model.training
+    model.eval()
+    std = torch.as_tensor(np.asarray(target_std), dtype=torch.float64).view(1, -1, 1, 1)
+    weights = lat_weights.to(torch.float64).view(1, 1, -1, 1)
+    model_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
+    persist_sq = torch.zeros(state_channels, dtype=torch.float64)
+    points = 0
+    loss_sum, loss_count = 0.0, 0
+    for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        state, forcing, static = batch["state"], batch["forcing"], batch["static"]
+        history_len = state.shape[1]
+        target = batch["target"][:, 0]
+        prediction = model(model_input(state, forcing[:, history_len], static))
+        loss_sum += float(loss_fn(prediction, target)) * target.shape[0]
+        loss_count += target.shape[0]
+        error = (prediction.double().cpu() - target.double().cpu()) * std
+        model_sq += (error**2 * weights).sum(dim=(0, 2, 3))
+        persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
+        persistence = persistence * std[:, :state_channels]
+        persist_sq += (persistence**2 * weights).sum(dim=(0, 2, 3))
+        points += target.shape[0] * target.shape[2] * target.shape[3]
+    model.train(was_training)
+    if points == 0:
+        raise ValueError("validation ran on no samples")
+    results: dict[str, float] = {"loss": loss_sum / loss_count}
+    for variable in dict.fromkeys(channel_variables):
+        chans = [i for i, v in enumerate(channel_variables) if v == variable]
+        results[f"rmse_{variable}"] = float(np.sqrt(model_sq[chans].sum() / (points * len(chans))))
+        if all(c < state_channels for c in chans):
+            mse = persist_sq[chans].sum() / (points * len(chans))
+            results[f"persistence_rmse_{variable}"] = float(np.sqrt(mse))
+    return results

@@ -1,0 +1,113 @@
+"""Config composition with real hydra: strict keys, validation, one-line CLI errors."""
+
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from credit.config import ConfigError, compose_config
+
+REPO = Path(__file__).resolve().parents[2]
+CREDIT = [sys.executable, "-m", "credit.cli"]
+
+
+def test_default_config_composes_with_every_group():
+    cfg = compose_config([])
+    assert cfg.model.name == "wxformer"
+    assert cfg.data.root == "data/embedded"
+    assert cfg.trainer.parallelism.data == "none" and cfg.trainer.parallelism.tensor == 1
+    assert "hydra" not in cfg
+    for key in ("run_dir", "trainer.max_steps", "trainer.seed", "trainer.resume",
+                "trainer.checkpoint.every_n_steps", "trainer.checkpoint.keep_latest_k",
+                "data.root"):
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+
+
+def test_overrides_apply():
+    cfg = compose_config(["trainer.max_steps=50", "run_dir=/tmp/x", "model.dim=[32,64,128]"])
+    assert cfg.trainer.max_steps == 50 and cfg.run_dir == "/tmp/x"
+    assert list(cfg.model.dim) == [32, 64, 128]
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("trainer.max_stepz=5", "max_stepz"),
+        ("+model.dropout=0.1", "dropout"),
+        ("+data.files.extra=x.nc", "extra"),
+        ("trainer.max_steps=abc", "trainer.max_steps"),
+        ("trainer.max_steps=0", "trainer.max_steps=0"),
+        ("trainer.batch_size=-2", "trainer.batch_size=-2"),
+        ("model.dim_head=7", "model.dim_head=7"),
+        ("model.depth=[1,1]", "model.depth"),
+        ("model.cross_embed_kernel_sizes=[[3],[2,4],[2,4]]", "model.cross_embed_kernel_sizes[0]"),
+        ("model.attn_dropout=1.5", "model.attn_dropout=1.5"),
+        ("model.padding=zeros", "model.padding='zeros'"),
+        ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
+        ("trainer.parallelism.data=horovod", "trainer.parallelism.data='horovod'"),
+        ("trainer.parallelism.tensor=2", "trainer.parallelism.tensor=2"),
+        ("trainer.optimizer.betas=[0.9,1.2]", "trainer.optimizer.betas"),
+        ("data.train_period=[2001-01-01,2000-01-01]", "data.train_period"),
+        ("data.valid_period=[2000-14-01,2001-01-01]", "data.valid_period='2000-14-01'"),
+        ("data.history_len=0", "data.history_len=0"),
+        ("+trainer.loss.variable_weights.XYZ=2", "XYZ"),
+        ("model=nope", "model/nope"),
+    ],
+)
+def test_bad_config_is_one_error_naming_the_key(override, named):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    message = str(info.value)
+    assert named in message
+    assert "\n" not in message
+
+
+def _run(args, **kwargs):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+def test_cli_typo_fails_fast_with_one_line(command, tmp_path):
+    started = time.perf_counter()
+    result = _run([*CREDIT, command, "trainer.max_stepz=5", f"run_dir={tmp_path}/run"])
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "max_stepz" in lines[0], result.stderr
+    assert elapsed < 5.0
+    assert not (tmp_path / "run").exists()
+
+
+def test_check_prints_the_resolved_config():
+    result = _run([*CREDIT, "check", "trainer.max_steps=7"])
+    assert result.returncode == 0, result.stderr
+    assert "max_steps: 7" in result.stdout
+
+
+def test_configs_ship_inside_a_non_editable_install(tmp_path):
+    """Build the wheel, install it alone into a folder, compose from outside the repo."""
+    wheel_dir = tmp_path / "wheel"
+    build = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                  "-q", str(REPO), "-w", str(wheel_dir)])
+    assert build.returncode == 0, build.stderr
+    wheel = next(wheel_dir.glob("credit-*.whl"))
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    assert (target / "credit" / "conf" / "model" / "wxformer.yaml").is_file()
+    probe = ("import credit, sys; from credit.config import compose_config; "
+             "c = compose_config(['trainer.max_steps=3']); "
+             "assert credit.__file__.startswith(sys.argv[1]), credit.__file__; "
+             "print(c.model.name, c.trainer.max_steps)")
+    env_path = os.pathsep.join([str(target)])
+    result = subprocess.run([sys.executable, "-c", probe, str(target)], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120,
+                            env={**os.environ, "PYTHONPATH": env_path, "PYTHONSAFEPATH": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["wxformer", "3"]
