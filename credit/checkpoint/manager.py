@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,14 @@ def _barrier() -> None:
 
 def _is_writer() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+@contextmanager
+def _quiet_single_process():
+    """DCP warns when it runs without a process group; for one process that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def is_complete_checkpoint(path: Path) -> bool:
@@ -82,7 +92,8 @@ class CheckpointManager:
             if partial.exists():
                 shutil.rmtree(partial)
         _barrier()
-        dcp.save(state, checkpoint_id=str(partial))
+        with _quiet_single_process():
+            dcp.save(state, checkpoint_id=str(partial))
         _barrier()
         if _is_writer():
             self._publish(partial, final)
@@ -117,4 +128,5 @@ def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
         raise FileNotFoundError(
             f"checkpoint {path} is not a complete DCP checkpoint directory (no .metadata)"
         )
-    dcp.load(state, checkpoint_id=str(path))
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=str(path))
