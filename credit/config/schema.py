@@ -115,6 +115,7 @@ class LossConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 100
+    steps_per_job: int = 0  # stop this job after N steps (checkpointed); 0: run to max_steps
     seed: int = 42
     resume: str = "auto"  # auto | never | path to a checkpoint
     device: str = "auto"  # auto | cpu | cuda

@@ -103,6 +103,8 @@ def validate_data(data: DictConfig) -> None:
 
 def validate_trainer(trainer: DictConfig) -> None:
     _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "must be >= 1")
+    _check(trainer.steps_per_job >= 0, "trainer.steps_per_job", trainer.steps_per_job,
+           "must be >= 0 (0: run to trainer.max_steps)")
     _check(trainer.batch_size >= 1, "trainer.batch_size", trainer.batch_size, "must be >= 1")
     _check(trainer.grad_accum_steps >= 1, "trainer.grad_accum_steps", trainer.grad_accum_steps,
            "must be >= 1")

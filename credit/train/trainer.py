@@ -236,7 +236,10 @@ class Trainer:
         )
         self.model.train()
         results: dict[str, float] = {}
-        while self.step < trainer.max_steps:
+        stop_at = trainer.max_steps
+        if trainer.steps_per_job:  # wall-clock-limited jobs: the next submission resumes
+            stop_at = min(stop_at, self.step + trainer.steps_per_job)
+        while self.step < stop_at:
             started = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
             loss_value = 0.0
@@ -273,7 +276,7 @@ class Trainer:
                 )
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
-            last = self.step == trainer.max_steps
+            last = self.step == stop_at
             every_valid = trainer.valid_every_n_steps
             if last or (every_valid and self.step % every_valid == 0):
                 results = self.validate()
