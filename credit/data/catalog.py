@@ -1,0 +1,110 @@
+"""Scan netCDF files once and describe what they hold: variables, dims, times, levels, grid.
+
+:class:`DataError` is the one exception type of the data layer; every message names the file(s)
+and the variable or coordinate at fault, and what would have been accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+LAT_NAMES = ("latitude", "lat")
+LON_NAMES = ("longitude", "lon")
+TIME_NAME = "time"
+
+
+class DataError(ValueError):
+    """A dataset configuration does not match the files on disk (one message, naming file and variable)."""
+
+
+@dataclass
+class FileInfo:
+    """What one file holds, as scanned at construction (coordinates are copied, the file is closed)."""
+
+    path: Path
+    dims: dict[str, tuple[str, ...]]  # variable -> its dimension names
+    lat_name: str | None = None
+    lon_name: str | None = None
+    lat: np.ndarray | None = None
+    lon: np.ndarray | None = None
+    times: np.ndarray | None = None  # int64 ns since epoch
+    levels: np.ndarray | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _first_present(names: tuple[str, ...], ds: xr.Dataset) -> str | None:
+    return next((n for n in names if n in ds.dims or n in ds.coords), None)
+
+
+def scan_file(path: Path, level_dim: str) -> FileInfo:
+    """Read the coordinates and variable dims of ``path`` (closed again before returning)."""
+    try:
+        ds = xr.open_dataset(path, engine="netcdf4")
+    except Exception as err:  # unreadable / not netCDF: say which file
+        raise DataError(f"cannot open {path} as netCDF: {err}") from err
+    with ds:
+        info = FileInfo(path=path, dims={k: tuple(map(str, v.dims)) for k, v in ds.data_vars.items()})
+        info.lat_name, info.lon_name = _first_present(LAT_NAMES, ds), _first_present(LON_NAMES, ds)
+        if info.lat_name is not None:
+            info.lat = np.asarray(ds[info.lat_name].values, dtype=np.float64)
+        if info.lon_name is not None:
+            info.lon = np.asarray(ds[info.lon_name].values, dtype=np.float64)
+        if TIME_NAME in ds.coords:
+            values = np.asarray(ds[TIME_NAME].values).reshape(-1)
+            if not np.issubdtype(values.dtype, np.datetime64):
+                raise DataError(f"time coordinate of {path} could not be decoded to datetimes "
+                                f"(dtype {values.dtype}); use a standard/proleptic_gregorian calendar")
+            info.times = values.astype("datetime64[ns]").astype(np.int64)
+        if level_dim in ds.coords:
+            info.levels = np.asarray(ds[level_dim].values, dtype=np.float64).reshape(-1)
+    return info
+
+
+def resolve_glob(root: Path, role: str, pattern: str) -> list[Path]:
+    """Files under ``root`` matching ``pattern`` (sorted); DataError when there are none."""
+    if not isinstance(pattern, str) or not pattern:
+        raise DataError(f"files[{role!r}] must be a non-empty glob relative to root {root}, got {pattern!r}")
+    paths = sorted(p for p in root.glob(pattern) if p.is_file())
+    if not paths:
+        raise DataError(f"files[{role!r}] = {pattern!r} matches no file under root {root}")
+    return paths
+
+
+def level_index(info: FileInfo, var: str, level: float, level_dim: str) -> int:
+    """Index of ``level`` in the file's ``level_dim`` coordinate; DataError listing available levels."""
+    avail = info.levels if info.levels is not None else np.array([])
+    hits = np.flatnonzero(np.isclose(avail, float(level), rtol=0.0, atol=1e-6))
+    if len(hits) == 0:
+        shown = ", ".join(f"{lv:g}" for lv in avail) or "none"
+        raise DataError(f"level {float(level):g} of variable {var!r} is not in {info.path} "
+                        f"({level_dim!r} coordinate); available levels: {shown}")
+    return int(hits[0])
+
+
+def fmt_time(ns: int) -> str:
+    return str(np.datetime64(int(ns), "ns").astype("datetime64[s]"))
+
+
+def parse_period(period: tuple[str, str]) -> tuple[int, int]:
+    """Inclusive (start, end) in ns. An end given at day (month, year) precision covers that whole day."""
+    try:
+        start_s, end_s = period
+        start = np.datetime64(start_s)
+        end = np.datetime64(end_s)
+    except Exception as err:
+        raise DataError(f"period must be (start, end) ISO dates/times, got {period!r}: {err}") from err
+    unit = np.datetime_data(end.dtype)[0]
+    end_ns = end.astype("datetime64[ns]").astype(np.int64)
+    if unit in ("Y", "M", "W", "D"):
+        end_ns = (end + np.timedelta64(1, unit)).astype("datetime64[ns]").astype(np.int64) - 1
+    start_ns = start.astype("datetime64[ns]").astype(np.int64)
+    if start_ns > end_ns:
+        raise DataError(f"period {tuple(period)} ends before it starts")
+    return int(start_ns), int(end_ns)

@@ -1,0 +1,394 @@
+"""Map-style PyTorch dataset over ERA5-layout netCDF files (yearly files, several roles).
+
+A sample is ``history_len + forecast_len`` consecutive times (the files' uniform time step).
+Inputs are the prognostic state over the history, dynamic forcing over all sample times and the
+static fields; the target is the prognostic state plus diagnostic variables over the forecast times.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from .catalog import (TIME_NAME, DataError, FileInfo, fmt_time, level_index, parse_period, resolve_glob,
+                      scan_file)
+
+ROLES = ("upper_air", "surface", "forcing", "static", "diagnostic", "mean", "std")
+_TIME_ROLES = ("upper_air", "surface", "forcing", "diagnostic")
+
+
+@dataclass(frozen=True)
+class VariableSpec:
+    """Variable names per role. ``upper_air`` and ``surface`` are prognostic (input and target);
+    ``forcing`` and ``static`` are input only; ``diagnostic`` (2-D) is target only."""
+
+    upper_air: tuple[str, ...] = ()
+    surface: tuple[str, ...] = ()
+    forcing: tuple[str, ...] = ()
+    static: tuple[str, ...] = ()
+    diagnostic: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for f in fields(self):  # accept lists from configs, store tuples (hashable, immutable)
+            value = getattr(self, f.name)
+            object.__setattr__(self, f.name, (value,) if isinstance(value, str) else tuple(value))
+        names = [v for f in fields(self) for v in getattr(self, f.name)]
+        dupes = sorted({v for v in names if names.count(v) > 1})
+        if dupes:
+            raise DataError(f"variables {dupes} appear in more than one role of the VariableSpec")
+        if not self.upper_air and not self.surface:
+            raise DataError("VariableSpec needs at least one prognostic (upper_air or surface) variable")
+
+
+class ERA5Dataset(torch.utils.data.Dataset):
+    """Samples of (state history, forcing, static) -> target from ERA5-layout files.
+
+    ``files`` maps each role in ``ROLES`` to a glob relative to ``root``. ``period`` is an inclusive
+    (start, end) pair of ISO dates/times; an end at day precision covers that whole day. A sample
+    starting at t is valid when all its times lie in the period and exist for every variable;
+    samples may span files. ``stride`` keeps every stride-th valid start. File handles are opened
+    lazily, once per process (``open_count`` counts them), and reused; construction only scans.
+    Raises :class:`DataError` for any mismatch between the configuration and the files.
+    """
+
+    def __init__(self, root: str | Path, *, files: Mapping[str, str], variables: VariableSpec,
+                 levels: Sequence[float], period: tuple[str, str], history_len: int = 1, forecast_len: int = 1,
+                 normalize: bool = True, stride: int = 1, level_dim: str = "level"):
+        self.root = Path(root)
+        self.variables, self.levels = variables, tuple(float(lv) for lv in levels)
+        self.history_len, self.forecast_len = int(history_len), int(forecast_len)
+        self.normalize, self.level_dim = bool(normalize), level_dim
+        unknown = sorted(set(files) - set(ROLES))
+        missing = [r for r in ROLES if r not in files]
+        if unknown or missing:
+            what = "; ".join(s for s in (unknown and f"unknown role(s) {unknown}",
+                                         missing and f"missing role(s) {missing}") if s)
+            raise DataError(f"files: {what}; the keys must be exactly {list(ROLES)}")
+        for name, value in (("history_len", history_len), ("forecast_len", forecast_len), ("stride", stride)):
+            if int(value) < 1:
+                raise DataError(f"{name} must be >= 1, got {value}")
+        if variables.upper_air and not self.levels:
+            raise DataError(f"levels is empty but upper-air variables {list(variables.upper_air)} are requested")
+
+        # Scan every distinct file once; roles without variables need no files.
+        needed = [r for r in ROLES if r in ("mean", "std") or getattr(variables, r)]
+        self._role_paths = {r: resolve_glob(self.root, r, files[r]) for r in needed}
+        self._globs = dict(files)
+        self._info: dict[Path, FileInfo] = {}
+        for paths in self._role_paths.values():
+            for p in paths:
+                if p not in self._info:
+                    self._info[p] = scan_file(p, level_dim)
+        self._check_grid()
+        self._index_times(variables)
+        self._static_info = {v: self._files_with("static", v, ("lat", "lon"))[0] for v in variables.static}
+        self._select_samples(period, int(stride))
+        self._load_statistics()
+        self._handles: dict[Path, xr.Dataset] = {}
+        self._handles_pid: int | None = None
+        self._static_cache: np.ndarray | None = None
+        self.open_count = 0
+
+    # ------------------------------------------------------------------ validation
+    def _files_with(self, role: str, var: str, want: tuple[str, ...]) -> list[FileInfo]:
+        """Files of ``role`` holding ``var``, each checked to have exactly the dims in ``want``."""
+        infos = [self._info[p] for p in self._role_paths[role] if var in self._info[p].dims]
+        if not infos:
+            searched = [p.name for p in self._role_paths[role]]
+            avail = sorted({v for p in self._role_paths[role] for v in self._info[p].dims})
+            raise DataError(f"variable {var!r} ({role}) not found in files {searched} matching "
+                            f"{self._globs[role]!r} under {self.root}; variables there: {avail}")
+        for info in infos:
+            dims = {"time": TIME_NAME, "level": self.level_dim, "lat": info.lat_name, "lon": info.lon_name}
+            expected = {dims[d] for d in want}
+            got = info.dims[var]
+            # A static field may carry a length-1 time axis (common in ERA5 invariant files).
+            extra = [d for d in got if d not in expected and not (role == "static" and d == TIME_NAME)]
+            if set(expected) - set(got) or extra:
+                raise DataError(f"variable {var!r} in {info.path} has dims {got}; the {role} role needs "
+                                f"{tuple(dims[d] for d in want)}")
+        return infos
+
+    def _check_grid(self) -> None:
+        ref = None
+        for role in ("upper_air", "surface", "forcing", "static", "diagnostic"):
+            for p in self._role_paths.get(role, []):
+                info = self._info[p]
+                if info.lat is None or info.lon is None:
+                    raise DataError(f"{p} ({role}) has no latitude/longitude coordinate "
+                                    f"(looked for latitude/lat and longitude/lon)")
+                if ref is None:
+                    ref = info
+                elif (info.lat.shape != ref.lat.shape or info.lon.shape != ref.lon.shape
+                      or not np.allclose(info.lat, ref.lat) or not np.allclose(info.lon, ref.lon)):
+                    raise DataError(f"inconsistent grids: {p} has {len(info.lat)}x{len(info.lon)} points "
+                                    f"(lat {info.lat[0]:g}..{info.lat[-1]:g}), {ref.path} has "
+                                    f"{len(ref.lat)}x{len(ref.lon)} (lat {ref.lat[0]:g}..{ref.lat[-1]:g})")
+        self._lat, self._lon = ref.lat.copy(), ref.lon.copy()
+
+    def _index_times(self, spec: VariableSpec) -> None:
+        """Per variable: sorted times and where each lives (file, index in file); the common step."""
+        step, step_file = None, None
+        self._where: dict[str, tuple[np.ndarray, list[FileInfo], np.ndarray, np.ndarray]] = {}
+        self._level_idx: dict[tuple[str, Path], list[int]] = {}
+        for role in _TIME_ROLES:
+            want = ("time", "level", "lat", "lon") if role == "upper_air" else ("time", "lat", "lon")
+            for var in getattr(spec, role):
+                infos = self._files_with(role, var, want)
+                times, fidx, lidx = [], [], []
+                for k, info in enumerate(infos):
+                    if info.times is None:
+                        raise DataError(f"{info.path} holds {var!r} ({role}) but has no {TIME_NAME!r} coordinate")
+                    if len(info.times) > 1:
+                        diffs = np.unique(np.diff(info.times))
+                        if len(diffs) != 1 or diffs[0] <= 0:
+                            raise DataError(f"time axis of {info.path} ({var!r}) is not uniformly increasing; "
+                                            f"steps found (h): {sorted(set(diffs / 3.6e12))[:5]}")
+                        if step is None:
+                            step, step_file = int(diffs[0]), info.path
+                        elif diffs[0] != step:
+                            raise DataError(f"time step of {info.path} ({diffs[0] / 3.6e12:g} h) differs from "
+                                            f"{step_file} ({step / 3.6e12:g} h)")
+                    if role == "upper_air":
+                        self._level_idx[(var, info.path)] = [level_index(info, var, lv, self.level_dim)
+                                                             for lv in self.levels]
+                    times.append(info.times)
+                    fidx.append(np.full(len(info.times), k))
+                    lidx.append(np.arange(len(info.times)))
+                t = np.concatenate(times)
+                order = np.argsort(t, kind="stable")
+                t, f, li = t[order], np.concatenate(fidx)[order], np.concatenate(lidx)[order]
+                if len(t) > 1 and np.any(np.diff(t) == 0):
+                    dup = t[np.flatnonzero(np.diff(t) == 0)[0]]
+                    raise DataError(f"time {fmt_time(dup)} of {var!r} appears in more than one of "
+                                    f"{[i.name for i in infos]}")
+                self._where[var] = (t, infos, f, li)
+        if step is None:
+            raise DataError("cannot infer the time step: every file of the time-dependent roles holds a single time")
+        self.step_ns = step
+
+    def _select_samples(self, period: tuple[str, str], stride: int) -> None:
+        start, end = parse_period(period)
+        all_times = [w[0] for w in self._where.values()]
+        first, last = min(t[0] for t in all_times), max(t[-1] for t in all_times)
+        data_files = sorted({i.name for w in self._where.values() for i in w[1]})
+        if start < first or end >= last + self.step_ns:
+            raise DataError(f"period {tuple(period)} lies outside the data: files {data_files} span "
+                            f"{fmt_time(first)} to {fmt_time(last)} every {self.step_ns / 3.6e12:g} h")
+        valid = all_times[0]
+        for t in all_times[1:]:
+            valid = np.intersect1d(valid, t, assume_unique=True)
+        valid = valid[(valid >= start) & (valid <= end)]
+        n = self.history_len + self.forecast_len
+        ok = np.ones(len(valid), bool)
+        for k in range(1, n):
+            ok &= np.isin(valid + k * self.step_ns, valid, assume_unique=True)
+        self._starts = valid[ok][::stride]
+        if len(self._starts) == 0:
+            raise DataError(f"period {tuple(period)} yields no sample of {n} consecutive "
+                            f"{self.step_ns / 3.6e12:g}-hourly times (history_len={self.history_len}, "
+                            f"forecast_len={self.forecast_len}) present in all of {data_files}")
+
+    def _load_statistics(self) -> None:
+        spec = self.variables
+        stats = {}
+        for role in ("mean", "std"):
+            opened = [xr.open_dataset(p, engine="netcdf4") for p in self._role_paths[role]]
+            try:
+                for var in spec.upper_air + spec.surface + spec.forcing + spec.static + spec.diagnostic:
+                    hit = next((ds for ds in opened if var in ds.data_vars), None)
+                    src = self._role_paths[role][[ds is hit for ds in opened].index(True)] if hit is not None else None
+                    if hit is None:
+                        raise DataError(f"variable {var!r} not found in the {role} files "
+                                        f"{[p.name for p in self._role_paths[role]]} matching {self._globs[role]!r}")
+                    da = hit[var]
+                    if var in spec.upper_air and self.level_dim in da.dims:
+                        info = scan_file(src, self.level_dim)
+                        vals = da.values[[level_index(info, var, lv, self.level_dim) for lv in self.levels]]
+                    elif da.size == 1:
+                        vals = np.full(len(self.levels) if var in spec.upper_air else 1, float(da.values))
+                    else:
+                        raise DataError(f"{role} of {var!r} in {src} has dims {da.dims}; expected a scalar"
+                                        + (f" or a {self.level_dim!r} profile" if var in spec.upper_air else ""))
+                    vals = np.asarray(vals, np.float64).reshape(-1)
+                    if not np.all(np.isfinite(vals)) or (role == "std" and np.any(vals <= 0)):
+                        raise DataError(f"{role} of {var!r} in {src} must be finite{' and > 0' * (role == 'std')}, "
+                                        f"got {vals.tolist()}")
+                    stats[(role, var)] = vals
+            finally:
+                for ds in opened:
+                    ds.close()
+        def cat(names):
+            if not names:
+                return np.zeros(0), np.ones(0)
+            return (np.concatenate([stats[("mean", v)] for v in names]),
+                    np.concatenate([stats[("std", v)] for v in names]))
+        self._state_stats = cat(spec.upper_air + spec.surface)
+        self._forcing_stats = cat(spec.forcing)
+        self._static_stats = cat(spec.static)
+        self._target_stats = cat(spec.upper_air + spec.surface + spec.diagnostic)
+
+    # ---------------------------------------------------------------- file handles
+    def _handle(self, path: Path) -> xr.Dataset:
+        """The cached open dataset for ``path`` in this process (reopened after a fork)."""
+        if self._handles_pid != os.getpid():
+            self._handles, self._handles_pid = {}, os.getpid()  # inherited handles belong to the parent
+        ds = self._handles.get(path)
+        if ds is None:
+            ds = self._handles[path] = xr.open_dataset(path, engine="netcdf4", cache=False)
+            self.open_count += 1
+        return ds
+
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        if self._handles_pid == os.getpid():
+            for ds in self._handles.values():
+                ds.close()
+        self._handles = {}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.update(_handles={}, _handles_pid=None)  # handles never travel to another process
+        return state
+
+    # ---------------------------------------------------------------------- reading
+    def _read(self, var: str, times: np.ndarray, upper: bool) -> np.ndarray:
+        """Values of ``var`` at ``times`` (all present): (T, L, H, W) for upper-air, else (T, H, W)."""
+        t_all, infos, fidx, lidx = self._where[var]
+        pos = np.searchsorted(t_all, times)
+        out = []
+        for k in dict.fromkeys(fidx[pos]):  # files in time order
+            info, local = infos[k], lidx[pos[fidx[pos] == k]]
+            da = self._handle(info.path)[var]
+            tsel = slice(int(local[0]), int(local[-1]) + 1) if np.all(np.diff(local) == 1) else local
+            sel = {TIME_NAME: tsel}
+            if upper:
+                li = self._level_idx[(var, info.path)]
+                uniq = sorted(set(li))  # read increasing indices, then reorder to the requested order
+                sel[self.level_dim] = uniq
+                arr = da.isel(sel).transpose(TIME_NAME, self.level_dim, info.lat_name, info.lon_name).values
+                arr = arr[:, [uniq.index(i) for i in li]]
+            else:
+                arr = da.isel(sel).transpose(TIME_NAME, info.lat_name, info.lon_name).values
+            out.append(arr)
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+    def _norm(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        if not self.normalize:
+            return x
+        mean, std = (s.astype(np.float32)[:, None, None] for s in stats)
+        return (x - mean) / std
+
+    def _static(self) -> np.ndarray:
+        if self._static_cache is None:  # plain data: safe to inherit across a fork
+            arrays = []
+            for var, info in self._static_info.items():
+                da = self._handle(info.path)[var]
+                if TIME_NAME in da.dims:
+                    da = da.isel({TIME_NAME: 0})
+                arrays.append(da.transpose(info.lat_name, info.lon_name).values.astype(np.float32))
+            h, w = self.grid_shape
+            stacked = np.stack(arrays) if arrays else np.zeros((0, h, w), np.float32)
+            self._static_cache = self._norm(stacked, self._static_stats)
+        return self._static_cache
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        n_samples = len(self._starts)
+        if not -n_samples <= index < n_samples:
+            raise IndexError(f"sample index {index} out of range for {n_samples} samples")
+        index = int(index) % n_samples
+        spec, h, f = self.variables, self.history_len, self.forecast_len
+        times = self._starts[index] + self.step_ns * np.arange(h + f)
+        prog = [self._read(v, times, True).reshape(h + f, -1, *self.grid_shape) for v in spec.upper_air]
+        prog += [self._read(v, times, False)[:, None] for v in spec.surface]
+        prog = np.concatenate(prog, axis=1)
+        state = self._norm(prog[:h], self._state_stats)
+        target = prog[h:]
+        if spec.diagnostic:
+            diag = np.stack([self._read(v, times[h:], False) for v in spec.diagnostic], axis=1)
+            target = np.concatenate([target, diag], axis=1)
+        target = self._norm(target, self._target_stats)
+        if spec.forcing:
+            forcing = self._norm(np.stack([self._read(v, times, False) for v in spec.forcing], axis=1),
+                                 self._forcing_stats)
+        else:
+            forcing = np.zeros((h + f, 0, *self.grid_shape), np.float32)
+        return {
+            "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
+            "forcing": torch.from_numpy(np.ascontiguousarray(forcing, np.float32)),
+            "static": torch.from_numpy(self._static().copy()),
+            "target": torch.from_numpy(np.ascontiguousarray(target, np.float32)),
+            "time": torch.from_numpy(times.astype(np.int64)),
+            "index": torch.tensor(index, dtype=torch.int64),
+        }
+
+    # ------------------------------------------------------------------- metadata
+    def _channels(self, upper: Sequence[str], flat: Sequence[str]) -> list[str]:
+        return [f"{v}_{lv:g}" for v in upper for lv in self.levels] + list(flat)
+
+    @property
+    def state_channel_names(self) -> list[str]:
+        return self._channels(self.variables.upper_air, self.variables.surface)
+
+    @property
+    def target_channel_names(self) -> list[str]:
+        return self.state_channel_names + list(self.variables.diagnostic)
+
+    @property
+    def forcing_channel_names(self) -> list[str]:
+        return list(self.variables.forcing)
+
+    @property
+    def static_channel_names(self) -> list[str]:
+        return list(self.variables.static)
+
+    @property
+    def variable_of_channel(self) -> dict[str, str]:
+        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
+        out = {f"{v}_{lv:g}": v for v in self.variables.upper_air for lv in self.levels}
+        spec = self.variables
+        out.update({v: v for v in spec.surface + spec.diagnostic + spec.forcing + spec.static})
+        return out
+
+    @property
+    def target_channel_groups(self) -> dict[str, list[int]]:
+        """Variable -> indices of its channels in ``target`` (e.g. for per-variable RMSE)."""
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(self.target_channel_names):
+            groups.setdefault(self.variable_of_channel[name], []).append(i)
+        return groups
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return len(self._lat), len(self._lon)
+
+    @property
+    def latitude(self) -> np.ndarray:
+        """Latitudes [degrees] in the files' order (ERA5: descending)."""
+        return self._lat.copy()
+
+    @property
+    def longitude(self) -> np.ndarray:
+        return self._lon.copy()
+
+    @property
+    def times(self) -> np.ndarray:
+        """Start (first history) time of every sample, datetime64[ns]."""
+        return self._starts.astype("datetime64[ns]")
+
+    @property
+    def target_mean(self) -> np.ndarray:
+        return self._target_stats[0].astype(np.float32)
+
+    @property
+    def target_std(self) -> np.ndarray:
+        return self._target_stats[1].astype(np.float32)

@@ -1,0 +1,259 @@
+"""Write a synthetic dataset in ERA5 layout from the toy atmosphere in :mod:`credit.data.physics`.
+
+Files written into ``out``:
+
+* ``era5_{year}.nc``  upper-air ``U V T Q`` (time, level, latitude, longitude), surface ``SP t2m``
+* ``forcing_{year}.nc``  ``tsi`` (time, latitude, longitude)
+* ``static.nc``  ``Z_GDS4_SFC``, ``LSM`` (latitude, longitude)
+* ``mean.nc`` / ``std.nc``  statistics over the training years (per level for upper-air variables)
+
+CLI: ``credit data generate --out DIR [--grid 32x64] [--years 2000 2001] ...`` calls :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+from tqdm import tqdm
+
+from .physics import ToyAtmosphere
+
+UPPER_AIR = ("U", "V", "T", "Q")
+SURFACE = ("SP", "t2m")
+FORCING = ("tsi",)
+STATIC = ("Z_GDS4_SFC", "LSM")
+OUTPUT_STEP_H = 6
+SUBSTEP_S = 3600.0
+SPIN_UP_DAYS = 30
+_TIME_REF = np.datetime64("2000-01-01T00:00", "ns").astype(np.int64)  # model clock origin
+
+ATTRS = {
+    "U": dict(units="m s-1", long_name="U component of wind", standard_name="eastward_wind"),
+    "V": dict(units="m s-1", long_name="V component of wind", standard_name="northward_wind"),
+    "T": dict(units="K", long_name="Temperature", standard_name="air_temperature"),
+    "Q": dict(units="kg kg-1", long_name="Specific humidity", standard_name="specific_humidity"),
+    "SP": dict(units="Pa", long_name="Surface pressure", standard_name="surface_air_pressure"),
+    "t2m": dict(units="K", long_name="2 metre temperature", standard_name="air_temperature"),
+    "tsi": dict(units="W m-2", long_name="Top-of-atmosphere solar irradiance",
+                standard_name="toa_incoming_shortwave_flux"),
+    "Z_GDS4_SFC": dict(units="m2 s-2", long_name="Surface geopotential", standard_name="surface_geopotential"),
+    "LSM": dict(units="1", long_name="Land-sea mask (1 = land)", standard_name="land_binary_mask"),
+}
+
+
+class GenerateError(ValueError):
+    """Invalid generator arguments or output location."""
+
+
+def _grid_coords(grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    n_lat, n_lon = grid
+    # ERA5 order: latitude from the North Pole to the South Pole, poles included; longitude 0..360.
+    return np.linspace(90.0, -90.0, n_lat), np.arange(n_lon) * (360.0 / n_lon)
+
+
+def _output_times(years: Sequence[int], days_per_year: int | None) -> dict[int, np.ndarray]:
+    out = {}
+    for year in years:
+        start = np.datetime64(f"{year:04d}-01-01", "ns")
+        end = np.datetime64(f"{year + 1:04d}-01-01", "ns")
+        if days_per_year is not None:
+            end = min(end, start + np.timedelta64(days_per_year, "D"))
+        out[year] = np.arange(start, end, np.timedelta64(OUTPUT_STEP_H, "h")).astype("datetime64[ns]")
+    return out
+
+
+def _coords(lat, lon, levels=None, times=None) -> dict:
+    coords = {
+        "latitude": ("latitude", lat, dict(units="degrees_north", standard_name="latitude", long_name="latitude")),
+        "longitude": ("longitude", lon, dict(units="degrees_east", standard_name="longitude", long_name="longitude")),
+    }
+    if levels is not None:
+        coords["level"] = ("level", levels, dict(units="hPa", long_name="pressure level",
+                                                 standard_name="air_pressure", positive="down"))
+    if times is not None:
+        coords["time"] = ("time", times, dict(standard_name="time", long_name="time"))
+    return coords
+
+
+def _write(ds: xr.Dataset, path: Path) -> None:
+    """Write atomically (temporary file, then rename) so an interrupted run leaves no half file."""
+    ds.attrs.update(Conventions="CF-1.8", title="credit synthetic ERA5-layout dataset",
+                    source="credit.data.generate toy atmosphere")
+    encoding = {name: {"_FillValue": None} for name in list(ds.data_vars) + list(ds.coords)}
+    if "time" in ds.coords:
+        encoding["time"] = {"units": "hours since 1900-01-01 00:00:00", "calendar": "proleptic_gregorian",
+                            "dtype": "int64", "_FillValue": None}
+    tmp = path.with_name(path.name + ".tmp")
+    ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
+    os.replace(tmp, path)
+
+
+class _Moments:
+    """Running mean and M2 (Chan et al. pairwise combination) in float64, one per variable."""
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = {}, {}, {}
+
+    def add(self, name: str, x: np.ndarray, axes: tuple[int, ...]) -> None:
+        x = x.astype(np.float64)
+        n_b = np.prod([x.shape[a] for a in axes])
+        mean_b = x.mean(axis=axes)
+        m2_b = ((x - np.expand_dims(mean_b, axes)) ** 2).sum(axis=axes)
+        if name not in self.n:
+            self.n[name], self.mean[name], self.m2[name] = n_b, mean_b, m2_b
+            return
+        n_a, mean_a = self.n[name], self.mean[name]
+        delta, n = mean_b - mean_a, n_a + n_b
+        self.mean[name] = mean_a + delta * n_b / n
+        self.m2[name] = self.m2[name] + m2_b + delta**2 * n_a * n_b / n
+        self.n[name] = n
+
+    def std(self, name: str) -> np.ndarray:
+        return np.sqrt(self.m2[name] / self.n[name])
+
+
+def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years: Sequence[int] = (2000, 2001),
+                     levels: Sequence[float] = (300, 500, 700, 850), train_years: Sequence[int] | None = None,
+                     seed: int = 0, progress: bool = True, days_per_year: int | None = None,
+                     overwrite: bool = False) -> Path:
+    """Simulate the toy atmosphere and write the dataset into ``out``; return ``out`` as a Path.
+
+    ``train_years`` (default: all years but the last, or the only year) selects the years the
+    statistics in ``mean.nc``/``std.nc`` are computed from. ``days_per_year`` keeps only the first
+    N days of each year (for tests and smoke runs). The model runs continuously through the
+    requested times after a 30-day spin-up (re-spun-up after gaps longer than that), hourly inside,
+    output every 6 h. Identical arguments give identical arrays. Raises :class:`GenerateError` for
+    invalid arguments or a non-empty ``out`` without ``overwrite``.
+    """
+    out = Path(out)
+    grid = tuple(int(g) for g in grid)
+    years = sorted(int(y) for y in years)
+    levels = sorted(float(lv) for lv in levels)
+    if len(grid) != 2 or grid[0] < 3 or grid[1] < 4:
+        raise GenerateError(f"grid must be (n_lat >= 3, n_lon >= 4), got {grid}")
+    if not years or len(set(years)) != len(years) or not all(1 <= y <= 9998 for y in years):
+        raise GenerateError(f"years must be distinct years in 1..9998, got {years}")
+    if not levels or len(set(levels)) != len(levels) or not all(1.0 <= lv <= 1100.0 for lv in levels):
+        raise GenerateError(f"levels must be distinct pressures in hPa within 1..1100, got {levels}")
+    if days_per_year is not None and days_per_year < 1:
+        raise GenerateError(f"days_per_year must be >= 1, got {days_per_year}")
+    if train_years is None:
+        train_years = years[:-1] or years
+    train_years = sorted(int(y) for y in train_years)
+    if not train_years or not set(train_years) <= set(years):
+        raise GenerateError(f"train_years {train_years} must be a non-empty subset of years {years}")
+    ours = ["static.nc", "mean.nc", "std.nc", "era5_*.nc", "forcing_*.nc", "*.nc.tmp"]
+    if out.exists():
+        if not out.is_dir():
+            raise GenerateError(f"output path {out} exists and is not a directory")
+        if any(out.iterdir()):
+            if not overwrite:
+                raise GenerateError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) "
+                                    "to replace a dataset there")
+            for pattern in ours:  # remove only files this generator writes, never anything else
+                for f in out.glob(pattern):
+                    f.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+    lat, lon = _grid_coords(grid)
+    level_values = np.asarray(levels, dtype=np.int32 if all(lv.is_integer() for lv in levels) else np.float64)
+    atm = ToyAtmosphere(lat, lon, levels, seed)
+    static = {"Z_GDS4_SFC": atm.z_sfc, "LSM": atm.lsm}
+    _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
+                      coords=_coords(lat, lon)), out / "static.nc")
+
+    schedule = _output_times(years, days_per_year)
+    moments = _Moments()
+    spin_up_ns = SPIN_UP_DAYS * 86_400 * 10**9
+    step_ns = int(SUBSTEP_S * 1e9)
+    clock: int | None = None
+    bar = tqdm(total=sum(len(t) for t in schedule.values()), desc="generate", unit="step", disable=not progress)
+    for year in years:
+        times = schedule[year]
+        buf = {k: np.empty((len(times), len(levels), *grid), np.float32) for k in UPPER_AIR}
+        buf.update({k: np.empty((len(times), *grid), np.float32) for k in SURFACE + FORCING})
+        for n, t in enumerate(times.astype(np.int64)):
+            if clock is None or t - clock > spin_up_ns:
+                clock = int(t) - spin_up_ns
+                atm.initialise(clock)
+            while clock < t:
+                atm.step((clock - _TIME_REF) / 1e9, clock, SUBSTEP_S)
+                clock += step_ns
+            for k, v in atm.snapshot((clock - _TIME_REF) / 1e9, clock).items():
+                buf[k][n] = v
+            bar.update()
+        coords = _coords(lat, lon, level_values, times)
+        dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
+        era5 = {k: (dims3, buf[k], ATTRS[k]) for k in UPPER_AIR} | {k: (dims2, buf[k], ATTRS[k]) for k in SURFACE}
+        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}.nc")
+        coords.pop("level")
+        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}.nc")
+        if year in train_years:
+            for k in UPPER_AIR:
+                moments.add(k, buf[k], (0, 2, 3))
+            for k in SURFACE + FORCING:
+                moments.add(k, buf[k], (0, 1, 2))
+        del buf
+    bar.close()
+    for k, v in static.items():
+        moments.add(k, v.astype(np.float32), (0, 1))
+
+    for name, stat in (("mean", lambda k: moments.mean[k]), ("std", moments.std)):
+        data = {k: (("level",), stat(k).astype(np.float32), ATTRS[k]) for k in UPPER_AIR}
+        data |= {k: ((), np.float32(stat(k)), ATTRS[k]) for k in SURFACE + FORCING + STATIC}
+        ds = xr.Dataset(data, coords={"level": _coords(lat, lon, level_values)["level"]})
+        ds.attrs.update(statistic=name, train_years=np.asarray(train_years, np.int32),
+                        description=f"{name} over time, latitude and longitude of the training years "
+                                    f"{' '.join(map(str, train_years))} (per level for upper-air variables)")
+        _write(ds, out / f"{name}.nc")
+    return out
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message, surfaced by main()
+        raise GenerateError(message)
+
+
+def _parse_grid(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"--grid must look like NLATxNLON (e.g. 32x64), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (``credit data generate``). Returns the exit status; errors print one line."""
+    parser = _ArgumentParser(prog="credit data generate",
+                             description="Generate a synthetic ERA5-layout dataset from a deterministic toy atmosphere.")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--grid", type=_parse_grid, default=(32, 64), help="NLATxNLON (default 32x64)")
+    parser.add_argument("--years", type=int, nargs="+", default=[2000, 2001], help="years, one file each")
+    parser.add_argument("--levels", type=float, nargs="+", default=[300, 500, 700, 850], help="pressure levels, hPa")
+    parser.add_argument("--train-years", type=int, nargs="+", default=None,
+                        help="years for mean/std (default: all but the last)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--days-per-year", type=int, default=None, help="keep only the first N days of each year")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    try:
+        args = parser.parse_args(argv)
+        path = generate_dataset(args.out, grid=args.grid, years=args.years, levels=args.levels,
+                                train_years=args.train_years, seed=args.seed, progress=not args.no_progress,
+                                days_per_year=args.days_per_year, overwrite=args.overwrite)
+    except GenerateError as err:
+        print(f"credit data generate: error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    print(f"wrote dataset to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
