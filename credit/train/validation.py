@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -70,8 +72,8 @@ def evaluate(
     results: dict[str, float] = {"loss": loss_sum / loss_count}
     for variable in dict.fromkeys(channel_variables):
         chans = [i for i, v in enumerate(channel_variables) if v == variable]
-        results[f"rmse_{variable}"] = float(np.sqrt(model_sq[chans].sum() / (points * len(chans))))
+        results[f"rmse_{variable}"] = math.sqrt(float(model_sq[chans].sum()) / (points * len(chans)))
         if all(c < state_channels for c in chans):
             mse = persist_sq[chans].sum() / (points * len(chans))
-            results[f"persistence_rmse_{variable}"] = float(np.sqrt(mse))
+            results[f"persistence_rmse_{variable}"] = math.sqrt(float(mse))
     return results
