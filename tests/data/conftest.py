@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from credit.data import VariableSpec, generate_dataset
+from datahelpers import GRID, LEVELS
 
-GRID = (8, 16)
-LEVELS = (500, 850)
-FILES = dict(upper_air="era5_*.nc", surface="era5_*.nc", forcing="forcing_*.nc", static="static.nc",
-             diagnostic="era5_*.nc", mean="mean.nc", std="std.nc")
-SPEC = VariableSpec(upper_air=("U", "V", "T", "Q"), surface=("SP",), forcing=("tsi",),
-                    static=("Z_GDS4_SFC", "LSM"), diagnostic=("t2m",))
+from credit.data import generate_dataset
 
 
 @pytest.fixture(scope="session")

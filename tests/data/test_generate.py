@@ -6,12 +6,12 @@ import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
+from datahelpers import GRID, LEVELS
 
 from credit.data import generate_dataset
 from credit.data.generate import GenerateError, main
 from credit.data.physics import solar_geometry, toa_irradiance
 
-GRID, LEVELS = (8, 16), (500, 850)  # as in conftest.py
 
 PROGNOSTIC = ("U", "V", "T", "Q", "SP", "t2m")
 FILES = ("era5_2000.nc", "era5_2001.nc", "forcing_2000.nc", "forcing_2001.nc", "static.nc", "mean.nc", "std.nc")
