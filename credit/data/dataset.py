@@ -109,7 +109,8 @@ class ERA5Dataset(torch.utils.data.Dataset):
             expected = {dims[d] for d in want}
             got = info.dims[var]
             # A static field may carry a length-1 time axis (common in ERA5 invariant files).
-            extra = [d for d in got if d not in expected and not (role == "static" and d == TIME_NAME)]
+            single_time = role == "static" and info.times is not None and len(info.times) == 1
+            extra = [d for d in got if d not in expected and not (single_time and d == TIME_NAME)]
             if set(expected) - set(got) or extra:
                 raise DataError(f"variable {var!r} in {info.path} has dims {got}; the {role} role needs "
                                 f"{tuple(dims[d] for d in want)}")

@@ -22,6 +22,7 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
+from .catalog import DataError, parse_period
 from .physics import ToyAtmosphere
 
 UPPER_AIR = ("U", "V", "T", "Q")
@@ -57,14 +58,22 @@ def _grid_coords(grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return np.linspace(90.0, -90.0, n_lat), np.arange(n_lon) * (360.0 / n_lon)
 
 
-def _output_times(years: Sequence[int], days_per_year: int | None) -> dict[int, np.ndarray]:
+def _output_times(years: Sequence[int], days_per_year: int | None,
+                  time_range: tuple[str, str] | None) -> dict[int, np.ndarray]:
     out = {}
+    lo, hi = parse_period(time_range) if time_range is not None else (None, None)
     for year in years:
         start = np.datetime64(f"{year:04d}-01-01", "ns")
         end = np.datetime64(f"{year + 1:04d}-01-01", "ns")
         if days_per_year is not None:
             end = min(end, start + np.timedelta64(days_per_year, "D"))
-        out[year] = np.arange(start, end, np.timedelta64(OUTPUT_STEP_H, "h")).astype("datetime64[ns]")
+        times = np.arange(start, end, np.timedelta64(OUTPUT_STEP_H, "h")).astype("datetime64[ns]")
+        if lo is not None:
+            ns = times.astype(np.int64)
+            times = times[(ns >= lo) & (ns <= hi)]
+        if len(times) == 0:
+            raise GenerateError(f"year {year} has no output time inside time_range {time_range}")
+        out[year] = times
     return out
 
 
@@ -121,12 +130,13 @@ class _Moments:
 def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years: Sequence[int] = (2000, 2001),
                      levels: Sequence[float] = (300, 500, 700, 850), train_years: Sequence[int] | None = None,
                      seed: int = 0, progress: bool = True, days_per_year: int | None = None,
-                     overwrite: bool = False) -> Path:
+                     time_range: tuple[str, str] | None = None, overwrite: bool = False) -> Path:
     """Simulate the toy atmosphere and write the dataset into ``out``; return ``out`` as a Path.
 
     ``train_years`` (default: all years but the last, or the only year) selects the years the
     statistics in ``mean.nc``/``std.nc`` are computed from. ``days_per_year`` keeps only the first
-    N days of each year (for tests and smoke runs). The model runs continuously through the
+    N days of each year and ``time_range`` (inclusive ISO start, end) keeps only times inside it;
+    both are for tests and smoke runs, and every year must keep at least one time. The model runs continuously through the
     requested times after a 30-day spin-up (re-spun-up after gaps longer than that), hourly inside,
     output every 6 h. Identical arguments give identical arrays. Raises :class:`GenerateError` for
     invalid arguments or a non-empty ``out`` without ``overwrite``.
@@ -148,6 +158,10 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     train_years = sorted(int(y) for y in train_years)
     if not train_years or not set(train_years) <= set(years):
         raise GenerateError(f"train_years {train_years} must be a non-empty subset of years {years}")
+    try:
+        schedule = _output_times(years, days_per_year, time_range)
+    except DataError as err:
+        raise GenerateError(f"time_range: {err}") from err
     ours = ["static.nc", "mean.nc", "std.nc", "era5_*.nc", "forcing_*.nc", "*.nc.tmp"]
     if out.exists():
         if not out.is_dir():
@@ -168,7 +182,6 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
                       coords=_coords(lat, lon)), out / "static.nc")
 
-    schedule = _output_times(years, days_per_year)
     moments = _Moments()
     spin_up_ns = SPIN_UP_DAYS * 86_400 * 10**9
     step_ns = int(SUBSTEP_S * 1e9)
@@ -239,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="years for mean/std (default: all but the last)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--days-per-year", type=int, default=None, help="keep only the first N days of each year")
+    parser.add_argument("--time-range", nargs=2, metavar=("START", "END"), default=None,
+                        help="keep only times in this inclusive ISO range")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     try:
         args = parser.parse_args(argv)
         path = generate_dataset(args.out, grid=args.grid, years=args.years, levels=args.levels,
                                 train_years=args.train_years, seed=args.seed, progress=not args.no_progress,
-                                days_per_year=args.days_per_year, overwrite=args.overwrite)
+                                days_per_year=args.days_per_year,
+                                time_range=args.time_range, overwrite=args.overwrite)
     except GenerateError as err:
         print(f"credit data generate: error: {err}", file=sys.stderr)
         return 2

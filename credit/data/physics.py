@@ -262,7 +262,8 @@ class ToyAtmosphere:
         t_low = st["T"][self.low]
         f = 2.0 * OMEGA * self.sin
         area = np.broadcast_to(self.cos, t_low.shape)
-        p_dyn = 1.2 * f * psi[self.low]
+        # Surface flow taken as 60 % of the lowest-level flow (friction), density 1.2 kg m-3.
+        p_dyn = 0.6 * 1.2 * f * psi[self.low]
         p_dyn = p_dyn - (p_dyn * area).sum() / area.sum()  # the balanced part conserves global mass
         sp = (101325.0 + p_dyn) * np.exp(-self.z_sfc / (R_DRY * t_low))
         p_low = self.p[self.low, 0, 0] * 100.0
