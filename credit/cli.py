@@ -9,7 +9,9 @@ from collections.abc import Sequence
 USAGE = """credit <command> [args]
 
 commands:
-  train [KEY=VALUE ...]          train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run
+  train [--nproc N] [KEY=VALUE ...]
+                                 train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
+                                 --nproc N launches N ranks with torchrun (e.g. parallelism=fsdp2_tp2)
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
 """
@@ -20,19 +22,50 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _train(overrides: Sequence[str]) -> int:
+def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
+    rest = list(args)
+    for i, arg in enumerate(rest):
+        if arg == "--nproc" or arg.startswith("--nproc="):
+            value = arg.split("=", 1)[1] if "=" in arg else (rest[i + 1] if i + 1 < len(rest) else "")
+            del rest[i : i + (1 if "=" in arg else 2)]
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"--nproc {value!r} must be a whole number >= 1")
+            return int(value), rest
+    return None, rest
+
+
+def _launch(nproc: int, overrides: Sequence[str]) -> int:
+    """Re-run `credit train` as `nproc` local ranks under torchrun (same overrides)."""
+    import os
+
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", "-m", "credit.cli", "train", *overrides,
+    ]
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    os.execvpe(command[0], command, env)
+    return 0  # not reached
+
+
+def _train(args: Sequence[str]) -> int:
     from credit.config import ConfigError, compose_config
+    from credit.config.validate import validate_layout
 
     try:
+        nproc, overrides = _split_nproc(args)
         cfg = compose_config(overrides)
-    except ConfigError as error:
+        if nproc is not None:
+            validate_layout(cfg, nproc)
+    except (ConfigError, ValueError) as error:
         return _fail(str(error))
+    if nproc is not None and nproc > 1:
+        return _launch(nproc, overrides)
     from credit.data import DataError
     from credit.train import run_training
 
     try:
         run_training(cfg)
-    except (DataError, FileExistsError, FileNotFoundError) as error:
+    except (ConfigError, DataError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     return 0
 

@@ -14,5 +14,6 @@ def configure_logging(rank: int = 0, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if rank == 0 else logging.WARNING)
-    for noisy in ("torch.distributed.checkpoint",):
+    # advisory notes (e.g. a 2-D norm reduced in two steps) repeated by every rank
+    for noisy in ("torch.distributed.checkpoint", "torch.distributed.tensor._redistribute"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

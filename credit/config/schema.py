@@ -102,8 +102,16 @@ class CheckpointConfig:
 
 @dataclass
 class ParallelismConfig:
-    data: str = "none"  # none (ddp, fsdp2 arrive with 2-D parallelism)
-    tensor: int = 1
+    data: str = "none"  # fsdp2 | ddp | none, over the dp = world_size / tensor replicas
+    tensor: int = 1  # tensor-parallel degree
+    activation_checkpointing: bool = False
+    mixed_precision: str = "none"  # none | bf16 (bf16 parameters, fp32 gradient reduction)
+
+
+@dataclass
+class EMAConfig:
+    enabled: bool = False
+    decay: float = 0.999
 
 
 @dataclass
@@ -129,6 +137,7 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-PARALLEL_DATA_MODES = ("none",)  # ddp and fsdp2 arrive with 2-D parallelism
+PARALLEL_DATA_MODES = ("fsdp2", "ddp", "none")
+MIXED_PRECISION = ("none", "bf16")
 RESUME_MODES = ("auto", "never")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -134,11 +135,28 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be >= 1")
     par = trainer.parallelism
     _check(par.data in PARALLEL_DATA_MODES, "trainer.parallelism.data", par.data,
-           f"allowed in this release: {list(PARALLEL_DATA_MODES)}")
-    _check(par.tensor == 1, "trainer.parallelism.tensor", par.tensor,
-           "only 1 is supported in this release")
+           f"allowed: {list(PARALLEL_DATA_MODES)}")
+    _check(par.tensor >= 1, "trainer.parallelism.tensor", par.tensor, "must be >= 1")
+    _check(par.mixed_precision in MIXED_PRECISION, "trainer.parallelism.mixed_precision",
+           par.mixed_precision, f"allowed: {list(MIXED_PRECISION)}")
+    _check(par.mixed_precision == "none" or par.data != "none",
+           "trainer.parallelism.mixed_precision", par.mixed_precision,
+           "bf16 needs trainer.parallelism.data=fsdp2 or ddp")
+    _check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
+           "must be in (0, 1)")
     for weight_name, weight in trainer.loss.variable_weights.items():
         _check(weight >= 0, f"trainer.loss.variable_weights.{weight_name}", weight, "must be >= 0")
+
+
+def validate_layout(cfg: DictConfig, world_size: int) -> None:
+    """The (dp, tp) split of `world_size` ranks that trainer.parallelism asks for must exist."""
+    from credit.parallel.mesh import resolve_layout
+
+    par = cfg.trainer.parallelism
+    try:
+        resolve_layout(world_size, par.data, par.tensor)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def validate_config(cfg: DictConfig) -> None:

@@ -184,7 +184,9 @@ class TransformerStage(nn.Module):
         for block in self.layers:
             for layer in block:
                 x = x + layer(x)
-        return x.permute(0, 3, 1, 2)
+        # a fresh tensor, not a view: an in-place op on a wrapped block's output view
+        # would bypass FSDP2's pre-backward hook
+        return x.permute(0, 3, 1, 2).contiguous()
 
 
 class CrossEmbed(nn.Module):
@@ -230,6 +232,9 @@ class UpBlock(nn.Module):
 
 class WXFormer(nn.Module):
     """Encoder of cross-embedding + transformer stages, decoder with skips, residual output."""
+
+    # containers whose children are the units data parallelism wraps one by one
+    _shard_units = ("embeds", "stages", "ups")
 
     def __init__(self, spec: WXFormerSpec) -> None:
         super().__init__()

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from credit.parallel.mesh import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,9 @@ class Runtime:
     world_size: int = 1
     dp_rank: int = 0
     dp_size: int = 1
+    tp_size: int = 1
+    layout: ParallelLayout | None = None
+    mesh: DeviceMesh | None = None  # named ("dp", "tp"); None in a single process
 
     @property
     def is_main(self) -> bool:
@@ -29,12 +35,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("trainer.device='cuda' but no CUDA device is available; use 'cpu' or 'auto'")
     return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, object]:

@@ -9,25 +9,32 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from credit.checkpoint.manager import CheckpointManager, checkpoint_keys, load_checkpoint
+from credit.checkpoint.manager import CheckpointManager
+from credit.checkpoint.training_state import Progress, restore_training_state, training_state
 from credit.data import DPShardedBatchSampler
 from credit.models import build_model
+from credit.parallel import (
+    clip_grad_norm_,
+    parallelize_model,
+    seed_for_init,
+    seed_for_runtime,
+    sync_replicated_gradients,
+)
 from credit.train.data import build_dataset, ensure_dataset
+from credit.train.ema import EMA
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedMSE, channel_weights, latitude_weights
 from credit.train.metrics import MetricsLog, plot_loss
-from credit.train.runtime import Runtime, rng_state, seed_everything, set_rng_state
+from credit.train.runtime import Runtime
 from credit.train.schedule import warmup_cosine
 from credit.train.validation import evaluate, evenly_spaced, output_channel_variables
 
@@ -81,8 +88,8 @@ class Trainer:
         )
         self.state_channels = len(self.train_set.state_channel_names)
 
-        # fully_shard (next release) does not broadcast weights: build identical ones everywhere.
-        seed_everything(cfg.trainer.seed)
+        # fully_shard does not broadcast weights: every rank builds identical full weights.
+        seed_for_init(cfg.trainer.seed)
         sample = self.train_set[0]
         self.model = build_model(
             cfg.model,
@@ -94,8 +101,17 @@ class Trainer:
             history_len=data.history_len,
             grid=tuple(self.train_set.grid_shape),
         ).to(rt.device)
+        if rt.mesh is not None:
+            par = cfg.trainer.parallelism
+            parallelize_model(
+                self.model,
+                rt.mesh,
+                par.data,
+                activation_checkpointing=par.activation_checkpointing,
+                mixed_precision=par.mixed_precision,
+            )
         # Runtime randomness differs per data-parallel replica, never across tp peers.
-        seed_everything(cfg.trainer.seed + rt.dp_rank)
+        seed_for_runtime(cfg.trainer.seed, rt.dp_rank)
 
         opt = cfg.trainer.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -124,12 +140,13 @@ class Trainer:
             dp_size=rt.dp_size,
             seed=cfg.trainer.seed,
         )
-        self.step = 0
-        self.epoch, self.batch_in_epoch = 0, 0
+        ema = cfg.trainer.ema
+        self.ema = EMA(self.model, ema.decay) if ema.enabled else None
+        self.progress = Progress()
         source = self._resume_source()
         if source is not None:
             self.load(source)
-        self.sampler.set_position(self.epoch, self.batch_in_epoch)
+        self.sampler.set_position(self.progress.epoch, self.progress.batch_in_epoch)
         self.loader = DataLoader(
             self.train_set,
             batch_sampler=_Batches(self.sampler),
@@ -145,53 +162,40 @@ class Trainer:
         )
 
     # ----------------------------------------------------------- checkpoints
-    def _state(self) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_state,
-            "optim": optim_state,
-            "scheduler": {"state": pickle.dumps(self.scheduler.state_dict())},
-            "progress": {
-                "step": self.step,
-                "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch,
-            },
-            # per-rank keys: DCP would keep only one copy of a value all ranks share
-            "rng": {f"rank{self.runtime.rank}": pickle.dumps(rng_state())},
-            "config": OmegaConf.to_yaml(self.cfg),
-        }
+    @property
+    def step(self) -> int:
+        return self.progress.step
 
     def save(self) -> Path:
-        path = self.checkpoints.save(self.step, self._state())
+        state = training_state(
+            self.model, self.optimizer, self.scheduler, self.ema, self.progress,
+            self.runtime.rank, OmegaConf.to_yaml(self.cfg),
+        )
+        path = self.checkpoints.save(self.step, state)
         log.info("saved checkpoint %s", path)
         return path
 
     def load(self, path: Path) -> None:
-        state = self._state()
-        stored = checkpoint_keys(path)
-        own_rng = f"rng.rank{self.runtime.rank}"
-        if own_rng not in stored:
-            state.pop("rng")
-        load_checkpoint(path, state)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+        self.progress = restore_training_state(
+            path, self.model, self.optimizer, self.scheduler, self.ema, self.runtime.rank
         )
-        self.scheduler.load_state_dict(pickle.loads(state["scheduler"]["state"]))
-        progress = state["progress"]
-        self.step = int(progress["step"])
-        self.epoch, self.batch_in_epoch = int(progress["epoch"]), int(progress["batch_in_epoch"])
-        if "rng" in state:
-            set_rng_state(pickle.loads(state["rng"][f"rank{self.runtime.rank}"]))
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------ loop
     def _advance_position(self) -> None:
-        self.batch_in_epoch += 1
-        if self.batch_in_epoch == self.sampler.batches_per_epoch:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        p = self.progress
+        p.batch_in_epoch += 1
+        if p.batch_in_epoch == self.sampler.batches_per_epoch:
+            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+
+    def _mean_over_dp(self, value: float) -> float:
+        """The loss averaged over data-parallel replicas (tp peers already agree)."""
+        mesh = self.runtime.mesh
+        if mesh is None or mesh["dp"].size() == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total, group=mesh["dp"].get_group())
+        return float(total) / mesh["dp"].size()
 
     def validate(self) -> dict[str, float]:
         return evaluate(
@@ -249,24 +253,29 @@ class Trainer:
                 loss = forecast_loss(self.model, batch, self.loss_fn)
                 (loss / trainer.grad_accum_steps).backward()
                 loss_value += loss.item() / trainer.grad_accum_steps
+            loss_value = self._mean_over_dp(loss_value)  # every rank agrees before deciding
             if not math.isfinite(loss_value):
                 raise FloatingPointError(
                     f"loss became {loss_value} at step {self.step + 1}; lower "
                     f"trainer.optimizer.lr or enable trainer.grad_clip"
                 )
+            if rt.mesh is not None:
+                sync_replicated_gradients(self.model, rt.mesh["tp"])
             max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
-            self.step += 1
+            if self.ema is not None:
+                self.ema.update(self.model)
+            self.progress.step += 1
             elapsed = time.perf_counter() - started
             samples = trainer.batch_size * trainer.grad_accum_steps * rt.dp_size
             if metrics is not None:
                 metrics.log(
                     {
                         "step": self.step,
-                        "epoch": self.epoch,
+                        "epoch": self.progress.epoch,
                         "split": "train",
                         "loss": loss_value,
                         "grad_norm": grad_norm,
@@ -281,7 +290,9 @@ class Trainer:
             if last or (every_valid and self.step % every_valid == 0):
                 results = self.validate()
                 if metrics is not None:
-                    metrics.log({"step": self.step, "epoch": self.epoch, "split": "valid", **results})
+                    metrics.log(
+                        {"step": self.step, "epoch": self.progress.epoch, "split": "valid", **results}
+                    )
             every_ckpt = trainer.checkpoint.every_n_steps
             if last or (every_ckpt and self.step % every_ckpt == 0):
                 self.save()

@@ -51,7 +51,10 @@ def test_overrides_apply():
         ("model.padding=zeros", "model.padding='zeros'"),
         ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
         ("trainer.parallelism.data=horovod", "trainer.parallelism.data='horovod'"),
-        ("trainer.parallelism.tensor=2", "trainer.parallelism.tensor=2"),
+        ("trainer.parallelism.tensor=0", "trainer.parallelism.tensor=0"),
+        ("trainer.parallelism.tensor=3", "trainer.parallelism.tensor=3"),  # 4 heads in stage 0
+        ("trainer.parallelism.mixed_precision=fp8", "trainer.parallelism.mixed_precision='fp8'"),
+        ("trainer.ema.decay=1.0", "trainer.ema.decay=1.0"),
         ("trainer.optimizer.betas=[0.9,1.2]", "trainer.optimizer.betas"),
         ("data.train_period=[2001-01-01,2000-01-01]", "data.train_period"),
         ("data.valid_period=[2000-14-01,2001-01-01]", "data.valid_period='2000-14-01'"),

@@ -1,0 +1,116 @@
+"""Gradient norms, clipping and replica synchronisation across mixed device meshes.
+
+After tensor parallelism and fully_shard, the projections' gradients are DTensors on the
+2-D (dp, tp) mesh while every other gradient lives on the 1-D dp mesh (or is a plain
+tensor without data parallelism). `torch.nn.utils.clip_grad_norm_` stacks all norms in
+one foreach call, which DTensor rejects across meshes; here gradients are grouped by
+mesh, each group goes through torch's own `get_total_norm`, and the groups combine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+
+def _mesh_key(tensor: torch.Tensor) -> object:
+    return tensor.device_mesh if isinstance(tensor, DTensor) else None
+
+
+def _group_by_mesh(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[object, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(_mesh_key(tensor), []).append(tensor)
+    return list(groups.values())
+
+
+def total_grad_norm(
+    grads: Iterable[torch.Tensor], norm_type: float = 2.0, error_if_nonfinite: bool = False
+) -> torch.Tensor:
+    """The p-norm of all `grads` together, as a plain tensor (global over every mesh).
+
+    Each mesh group's norm comes from `torch.nn.utils.get_total_norm`; a DTensor group's
+    norm is made global with `full_tensor()`; group norms combine as (sum n_i^p)^(1/p),
+    or their max for p = inf. With a single group of plain tensors this is exactly
+    torch's computation.
+    """
+    norm_type = float(norm_type)
+    groups = _group_by_mesh(g for g in grads if g is not None)
+    if not groups:
+        return torch.tensor(0.0)
+    norms = []
+    for group in groups:
+        norm = get_total_norm(group, norm_type, error_if_nonfinite)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    stacked = torch.stack([n.to(norms[0].device) for n in norms])
+    if norm_type == float("inf"):
+        return stacked.max()
+    return torch.linalg.vector_norm(stacked, norm_type)
+
+
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor] | torch.Tensor,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+) -> torch.Tensor:
+    """Scale gradients so their global norm is at most `max_norm`; return the norm before.
+
+    Bit-identical to `torch.nn.utils.clip_grad_norm_` for plain tensors; also works when
+    parameters live on different device meshes, where torch's version raises.
+    """
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    params = [p for p in parameters if p.grad is not None]
+    total = total_grad_norm([p.grad for p in params], norm_type, error_if_nonfinite)
+    if not params:
+        return total
+    for group in _group_by_mesh(params):
+        # torch's foreach scaling also rejects mixed meshes: scale one mesh at a time
+        clip_grads_with_norm_(group, max_norm, total)
+    return total
+
+
+def _replicated_over_tp(param: torch.Tensor) -> bool:
+    if not isinstance(param, DTensor):
+        return True
+    names = param.device_mesh.mesh_dim_names or ()
+    if "tp" not in names:
+        return True
+    return not isinstance(param.placements[names.index("tp")], Shard)
+
+
+def sync_replicated_gradients(model: nn.Module, tp_mesh: DeviceMesh) -> int:
+    """Average, across the tp group, the gradients of parameters that tp does not shard.
+
+    TP peers see the same batch and compute the same replicated gradients, but nothing
+    else forces them to stay bitwise equal (e.g. non-deterministic GPU kernels), and
+    replicas that drift apart silently become different models. The average is taken
+    in float64, so gradients that already agree are returned unchanged to the bit.
+    Returns the number of gradients synchronised.
+    """
+    if tp_mesh.size() == 1:
+        return 0
+    grads = [
+        p.grad for p in model.parameters() if p.grad is not None and _replicated_over_tp(p)
+    ]
+    if not grads:
+        return 0
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in local])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=tp_mesh.get_group())
+    flat /= tp_mesh.size()
+    offset = 0
+    for tensor in local:
+        n = tensor.numel()
+        tensor.copy_(flat[offset : offset + n].view_as(tensor))
+        offset += n
+    return len(grads)

@@ -1,0 +1,111 @@
+"""Native DTensor tensor parallelism driven by the `_tp_plan` each block declares.
+
+A block opts in with `_tp_plan = {"submodule.path": "colwise" | "rowwise"}` and may add
+`_tp_constraints(module, tp_size)` raising a clear error. This module never knows model
+class names: it walks the modules, checks every planned path, and hands the plan to
+`parallelize_module` with torch's `ColwiseParallel` / `RowwiseParallel`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+log = logging.getLogger(__name__)
+
+_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def planned_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every submodule that declares a non-empty `_tp_plan`."""
+    return [(n, m) for n, m in model.named_modules() if getattr(m, "_tp_plan", None)]
+
+
+def supports_native_tp(model: nn.Module) -> bool:
+    """True when at least one submodule opts in with a `_tp_plan`."""
+    return bool(planned_blocks(model))
+
+
+def _has_spectral_norm(layer: nn.Module) -> bool:
+    # hook-style spectral_norm keeps `weight_orig`; the parametrize style a `parametrizations` dict
+    return hasattr(layer, "weight_orig") or "weight" in getattr(layer, "parametrizations", {})
+
+
+def _check_block(name: str, block: nn.Module, tp_size: int) -> None:
+    for path, style in block._tp_plan.items():
+        where = f"{name}.{path}" if name else path
+        if style not in _STYLES:
+            raise ValueError(f"{type(block).__name__}._tp_plan[{path!r}]={style!r} is not one of {list(_STYLES)}")
+        try:
+            layer = block.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"_tp_plan of {type(block).__name__} names {where!r}, which does not exist") from None
+        if not isinstance(layer, nn.Linear):
+            raise ValueError(
+                f"_tp_plan entry {where!r} is a {type(layer).__name__}; only nn.Linear layers can be "
+                f"tensor-parallel"
+            )
+        split, what = (
+            (layer.out_features, "out_features") if style == "colwise" else (layer.in_features, "in_features")
+        )
+        if split % tp_size:
+            raise ValueError(
+                f"{where} ({style}) has {what}={split}, not divisible by "
+                f"trainer.parallelism.tensor={tp_size}"
+            )
+    constraints = getattr(block, "_tp_constraints", None)
+    if constraints is not None:
+        constraints(block, tp_size)
+
+
+def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> int:
+    """Shard every opted-in block over `tp_mesh`; return how many blocks were sharded.
+
+    Planned Linear weights become DTensors (colwise: Shard(0) of the weight, output sharded
+    on the last dim; rowwise: Shard(1), partial outputs all-reduced to a replicated result),
+    keeping their names and logical shapes, so checkpoints and optimizers see one model.
+    Blocks whose planned layers carry spectral normalisation are left replicated (its
+    power iteration cannot run on sharded weights); the whole colwise/rowwise group is
+    skipped together because a colwise output is only valid feeding its rowwise partner.
+    Raises ValueError when nothing can be sharded at tp > 1, or when a plan is invalid.
+    """
+    tp_size = tp_mesh.size()
+    blocks = planned_blocks(model)
+    if tp_size > 1 and not blocks:
+        raise ValueError(
+            f"trainer.parallelism.tensor={tp_size} but {type(model).__name__} declares no _tp_plan "
+            f"on any block; use tensor=1"
+        )
+    sharded, skipped = 0, 0
+    for name, block in blocks:
+        layers = [block.get_submodule(p) for p in block._tp_plan if _has_path(block, p)]
+        if any(_has_spectral_norm(layer) for layer in layers):
+            skipped += 1
+            continue
+        _check_block(name, block, tp_size)
+        plan = {path: _STYLES[style]() for path, style in block._tp_plan.items()}
+        parallelize_module(block, tp_mesh, plan)
+        sharded += 1
+    if skipped:
+        log.warning(
+            "tensor parallel: %d of %d blocks use spectral norm and stay replicated on every tp rank",
+            skipped, len(blocks),
+        )
+    if tp_size > 1 and sharded == 0:
+        raise ValueError(
+            f"trainer.parallelism.tensor={tp_size} but every planned block uses spectral norm, so "
+            f"nothing can be sharded; set model.use_spectral_norm=false or tensor=1"
+        )
+    log.info("applied tensor parallel (tp=%d) to %d blocks", tp_size, sharded)
+    return sharded
+
+
+def _has_path(block: nn.Module, path: str) -> bool:
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

@@ -1,0 +1,33 @@
+"""Exponential moving average of the weights, sharded exactly like the weights.
+
+The shadow copies are clones of the live parameters, so under tensor parallelism or
+FSDP2 they are DTensors with the same placements: each rank keeps only its shard, the
+update is local, and DCP saves and reshards them like the model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class EMA:
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"trainer.ema.decay={decay} must be in (0, 1)")
+        self.decay = decay
+        self.shadow = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for name, param in model.named_parameters():
+            self.shadow[name].lerp_(param.detach(), 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.shadow
+
+    @torch.no_grad()
+    def copy_to(self, model: nn.Module) -> None:
+        """Overwrite the model's weights with the averages (e.g. for evaluation or export)."""
+        for name, param in model.named_parameters():
+            param.copy_(self.shadow[name])
