@@ -184,9 +184,9 @@ class TransformerStage(nn.Module):
         for block in self.layers:
             for layer in block:
                 x = x + layer(x)
-        # a fresh tensor, not a view: an in-place op on a wrapped block's output view
-        # would bypass FSDP2's pre-backward hook
-        return x.permute(0, 3, 1, 2).contiguous()
+        # a fresh tensor, not a view (the permute back is often already contiguous): an
+        # in-place op on a wrapped block's output view would bypass FSDP2's pre-backward hook
+        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
 
 
 class CrossEmbed(nn.Module):
