@@ -78,6 +78,6 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
         a, b, out, schedule_tensor(n, a.device), scratch,
         M, N, K, n, n_tiles, tiles_n, depth,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        BM=tk.BLOCK_M, BN=tk.BLOCK_N, LEAF=LEAF, UPCAST=interpreted, num_warps=tk.NUM_WARPS,
+        BM=tk.BLOCK_M, BN=tk.BLOCK_N, LEAF=LEAF, INTERPRET=interpreted, num_warps=tk.NUM_WARPS,
     )
     return out.to(out_dtype)

@@ -8,10 +8,12 @@ inputs (no TF32).  Leaf sums are combined by the fixed tree through a stack of
 partial tiles kept in a per-program global scratch buffer, driven by the
 ``merges`` schedule from ``_tree.py``.
 
-Triton's interpreter computes ``tl.dot`` on bfloat16 tiles incorrectly, so
-under ``TRITON_INTERPRET=1`` the launcher sets ``UPCAST`` and tiles are
-converted to fp32 before the dot.  The conversion is exact and products of
-16-bit floats are exact in fp32, so the values accumulated are the same.
+Under ``TRITON_INTERPRET=1`` (the CPU test path) the launcher sets
+``INTERPRET`` and a leaf is evaluated as an explicit broadcast multiply and sum
+over its 32 K elements instead of ``tl.dot``: the interpreter implements
+``tl.dot`` with numpy's BLAS matmul, whose rounding depends on a row's position
+inside the tile (and which mishandles bfloat16).  The tiling, masking, tree
+and stack logic is the same code in both modes.
 """
 
 import triton
@@ -27,7 +29,7 @@ def det_mm_kernel(
     a_ptr, b_ptr, c_ptr, merges_ptr, scratch_ptr,
     M, N, K, n_leaves, n_tiles, tiles_n, depth,
     s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
-    BM: tl.constexpr, BN: tl.constexpr, LEAF: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, LEAF: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -50,10 +52,11 @@ def det_mm_kernel(
                         mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
             b = tl.load(b_ptr + rk64[:, None] * s_bk + rn64[None, :] * s_bn,
                         mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-            if UPCAST:  # exact; see module docstring
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            part = tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
+            if INTERPRET:  # see module docstring
+                part = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :],
+                              axis=1)
+            else:
+                part = tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
             n_merge = tl.load(merges_ptr + leaf)
             # Make earlier pushes (other threads' stores) visible.
             tl.debug_barrier()
