@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ops import linear_local
+from ._ops import add_bias_fp32, linear_local
 
 
 def dtensor_linear(
@@ -41,18 +41,19 @@ def dtensor_linear(
         )
     wp = weight.placements[0]
 
-    def local(t: torch.Tensor, want, what: str) -> torch.Tensor:
+    def local(t: torch.Tensor, want, what: str, grad=None) -> torch.Tensor:
         if not isinstance(t, DTensor):
             return t
         if t.device_mesh != mesh:
             raise ValueError(f"DetLinear: {what} lives on a different device mesh than the weight")
         if t.placements[0] != want:
             t = t.redistribute(mesh, [want])
-        return t.to_local()
+        return t.to_local(grad_placements=grad)
 
     b_local = None
     if isinstance(wp, Shard) and wp.dim == 0:  # ColwiseParallel
-        x_local = local(x, Replicate(), "input")
+        # Each rank's dx only covers its N shard: the input gradient is Partial.
+        x_local = local(x, Replicate(), "input", grad=[Partial()])
         if bias is not None:
             b_local = local(bias, Shard(0), "bias")
         y = linear_local(x_local, weight.to_local(), b_local, backend)
@@ -67,8 +68,8 @@ def dtensor_linear(
         y = y.redistribute(mesh, [Replicate()])
         if bias is not None:
             bl = local(bias, Replicate(), "bias")
-            y = DTensor.from_local(y.to_local() + bl.to(torch.float32), mesh, [Replicate()],
-                                   run_check=False)
+            y = DTensor.from_local(add_bias_fp32(y.to_local(), bl, backend), mesh,
+                                   [Replicate()], run_check=False)
         return y.to(weight.dtype)
     if isinstance(wp, Replicate):
         x_local = local(x, Replicate(), "input")

@@ -163,6 +163,31 @@ class _DetLinear(torch.autograd.Function):
         return gx, gw, gb, None, None
 
 
+class _BiasAdd(torch.autograd.Function):
+    """``y32 + bias`` in fp32 whose bias gradient uses the deterministic row tree
+    (the same reduction as ``det_linear``'s bias gradient)."""
+
+    @staticmethod
+    def forward(ctx, y32, bias, backend):  # type: ignore[override]
+        ctx.backend, ctx.bias_dtype = backend, bias.dtype
+        return y32 + bias.to(torch.float32)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        g = grad.reshape(-1, grad.shape[-1]).to(ctx.bias_dtype)
+        gb = None
+        if ctx.needs_input_grad[1]:
+            ones = torch.ones((1, g.shape[0]), dtype=g.dtype, device=g.device)
+            gb = _mm(ones, g, ctx.backend, ctx.bias_dtype)[0]
+        return grad, gb, None
+
+
+def add_bias_fp32(y32: torch.Tensor, bias: torch.Tensor, backend: str) -> torch.Tensor:
+    """fp32 ``y32 (*, N) + bias (N,)`` with a batch-tree bias gradient."""
+    return _BiasAdd.apply(y32, bias, resolve(backend, y32.device))
+
+
 def linear_local(
     x: torch.Tensor,
     weight: torch.Tensor,
