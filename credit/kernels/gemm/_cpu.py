@@ -26,8 +26,8 @@ from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_gemm.cpp"
 _ISA_FLAGS = {
-    "avx512": ["-mavx512f", "-mavx2", "-mfma"],
-    "avx2": ["-mavx2", "-mfma"],
+    "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "scalar": [],
 }
 ISA_ENV = "CREDIT_GEMM_CPU_ISA"
