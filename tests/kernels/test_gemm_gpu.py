@@ -90,3 +90,32 @@ def test_cuda_matches_cpu_bitwise(dtype):
 def test_device_mismatch_cpu_and_cuda():
     with pytest.raises(ValueError, match="same device"):
         det_mm(torch.ones(4, 8), torch.ones(8, 5, device="cuda"))
+
+
+TRITON_SIGNATURE = {
+    "merges_ptr": "*i32", "scratch_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+    "n_leaves": "i32", "n_tiles": "i32", "tiles_n": "i32", "depth": "i32", "s_am": "i32",
+    "s_ak": "i32", "s_bk": "i32", "s_bn": "i32", "s_cm": "i32", "s_cn": "i32",
+    "BM": "constexpr", "BN": "constexpr", "LEAF": "constexpr", "INTERPRET": "constexpr",
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_triton_kernel_compiles_for_sm80_and_sm90(dtype):
+    """Ahead-of-time compile of the GPU (non-interpreted) kernel to cubin."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from credit.kernels.gemm import _triton_kernel as tk
+
+    if type(tk.det_mm_kernel).__name__ == "InterpretedFunction":
+        pytest.skip("TRITON_INTERPRET=1 is set in this process")
+    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", **TRITON_SIGNATURE}
+    consts = {"BM": tk.BLOCK_M, "BN": tk.BLOCK_N, "LEAF": 32, "INTERPRET": False}
+    src = ASTSource(fn=tk.det_mm_kernel, signature=sig, constexprs=consts)
+    for cc in (80, 90):
+        kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                                options={"num_warps": tk.NUM_WARPS, "enable_fp_fusion": False})
+        assert kernel.asm.get("cubin"), f"no cubin for sm_{cc}"
+        assert f".target sm_{cc}" in kernel.asm["ptx"]

@@ -18,9 +18,7 @@ pytest.importorskip("triton", reason="the triton backend needs the triton packag
 HERE = Path(__file__).parent
 WORKER = HERE / "triton_interpret_worker.py"
 sys.path.insert(0, str(HERE))
-from triton_interpret_worker import CHECKS  # noqa: E402  (module only defines the checks)
-
-os.environ.pop("TRITON_INTERPRET", None)  # the import above set it for the worker only
+from triton_interpret_worker import CHECKS  # noqa: E402  (importing only defines the checks)
 
 
 @pytest.fixture(scope="module")

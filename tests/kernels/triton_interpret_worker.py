@@ -10,7 +10,9 @@ import os
 import sys
 import traceback
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+if __name__ == "__main__":
+    # Before triton is imported anywhere (the package imports it lazily).
+    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402

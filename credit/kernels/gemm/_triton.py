@@ -79,5 +79,6 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
         M, N, K, n, n_tiles, tiles_n, depth,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         BM=tk.BLOCK_M, BN=tk.BLOCK_N, LEAF=LEAF, INTERPRET=interpreted, num_warps=tk.NUM_WARPS,
+        enable_fp_fusion=False,  # no mul+add contraction outside the leaf dot
     )
     return out.to(out_dtype)
