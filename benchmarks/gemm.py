@@ -1,0 +1,146 @@
+"""Benchmark the deterministic GEMM against torch.matmul.
+
+Prints, per backend, dtype, thread count and shape, the median time of the
+deterministic kernel and of ``torch.matmul`` and the speed ratio
+``t(torch.matmul) / t(det)`` (1.0 = parity, higher is faster), for the forward
+pass and for forward + backward (dA and dB).
+
+Shapes (M, K, N): 1024^3, 4096x1024x1024, and wxformer-like projection shapes
+with M = 8192 tokens and (K, N) in {(64,64), (64,256), (256,64), (128,128),
+(128,512), (512,128)}.
+
+    PYTHONPATH=. python benchmarks/gemm.py            # full run
+    PYTHONPATH=. python benchmarks/gemm.py --quick    # 1 thread, fewer shapes
+
+Backends that cannot run here are listed as "not available on this machine"
+with the reason, and are never timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from credit.kernels.gemm import available_backends, det_mm
+from credit.kernels.gemm._registry import unavailable_reason
+
+SQUARE = [(1024, 1024, 1024), (4096, 1024, 1024)]
+PROJECTIONS = [(8192, k, n) for k, n in
+               [(64, 64), (64, 256), (256, 64), (128, 128), (128, 512), (512, 128)]]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeat: int,
+                min_time: float = 0.05) -> float:
+    """Median seconds per call; each sample runs enough calls to last min_time."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    once = max(time.perf_counter() - t0, 1e-6)
+    inner = max(1, int(min_time / once))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync(device)
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
+                device: torch.device, repeat: int) -> dict[str, float]:
+    m, k, n = shape
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
+    b = torch.randn(k, n, generator=g).to(dtype=dtype, device=device)
+    dc = torch.randn(m, n, generator=g).to(dtype=dtype, device=device)
+    ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+
+    def det_fwd():
+        return det_mm(a, b, backend=backend)
+
+    def ref_fwd():
+        return torch.matmul(a, b)
+
+    def det_fwd_bwd():
+        ag.grad = bg.grad = None
+        det_mm(ag, bg, backend=backend).backward(dc)
+
+    def ref_fwd_bwd():
+        ag.grad = bg.grad = None
+        torch.matmul(ag, bg).backward(dc)
+
+    return {
+        "det_fwd": median_time(det_fwd, device, repeat),
+        "ref_fwd": median_time(ref_fwd, device, repeat),
+        "det_fb": median_time(det_fwd_bwd, device, repeat),
+        "ref_fb": median_time(ref_fwd_bwd, device, repeat),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="1 thread, 1024^3 and three projection shapes, fewer repeats")
+    p.add_argument("--threads", default="1,2", help="comma-separated CPU thread counts")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="comma-separated; float16 also works, but torch.matmul has no fast "
+                   "CPU float16 kernel, so timing it takes long")
+    p.add_argument("--backends", default="cpu,triton,cuda")
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+
+    shapes = SQUARE + PROJECTIONS
+    threads = [int(t) for t in args.threads.split(",")]
+    repeat = args.repeat
+    if args.quick:
+        shapes, threads, repeat = [SQUARE[0], *PROJECTIONS[::2]], [1], 3
+    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+
+    print(f"# det_mm vs torch.matmul  (torch {torch.__version__}, {platform.machine()}, "
+          f"{platform.processor() or 'cpu'}, cuda available: {torch.cuda.is_available()})")
+    print("# speed = t(torch.matmul) / t(det): 1.0 = parity, higher = det faster")
+    for backend in args.backends.split(","):
+        device = torch.device("cpu" if backend == "cpu" else "cuda")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"\n## backend {backend}: not available on this machine (no CUDA GPU)")
+            continue
+        why = unavailable_reason(backend, device)
+        if why is not None:  # checked before any timing
+            print(f"\n## backend {backend}: not available on this machine ({why}); "
+                  f"available on {device}: {available_backends(device)}")
+            continue
+        for nt in threads if device.type == "cpu" else [torch.get_num_threads()]:
+            torch.set_num_threads(nt)
+            label = f"{nt} thread(s)" if device.type == "cpu" else str(device)
+            print(f"\n## backend {backend}, {label}")
+            print("| dtype | M x K x N | det fwd ms | torch fwd ms | fwd speed "
+                  "| det fwd+bwd ms | torch fwd+bwd ms | fwd+bwd speed |")
+            print("|---|---|---|---|---|---|---|---|")
+            for dtype in dtypes:
+                for shape in shapes:
+                    r = bench_shape(backend, dtype, shape, device, repeat)
+                    print(f"| {str(dtype).replace('torch.', '')} | {'x'.join(map(str, shape))} "
+                          f"| {r['det_fwd'] * 1e3:.2f} | {r['ref_fwd'] * 1e3:.2f} "
+                          f"| {r['ref_fwd'] / r['det_fwd']:.2f} "
+                          f"| {r['det_fb'] * 1e3:.2f} | {r['ref_fb'] * 1e3:.2f} "
+                          f"| {r['ref_fb'] / r['det_fb']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Numerical kernels for credit (see ``credit.kernels.gemm``)."""

@@ -1,0 +1,99 @@
+"""CPU backend: a C++ extension compiled on first use and cached.
+
+The extension (``csrc/cpu_gemm.cpp``) is built with ``torch.utils.cpp_extension``
+for the SIMD level torch reports for this CPU (AVX-512, AVX2+FMA, or portable
+scalar code).  The build directory is keyed by that level, so a shared cache
+never hands an AVX-512 binary to an AVX2 machine.  All three code paths use
+single-rounding FMA, so they produce the same bits.
+
+How the reduction order is pinned: each output element is a sequential FMA
+chain over each 32-element K leaf, and leaves are combined by the fixed tree in
+``_tree.py``.  Threads (``at::parallel_for``, i.e. ``torch.set_num_threads``)
+split the output tiles, never K; edge tiles are zero-padded and go through the
+same micro-kernel.  No BLAS library is called.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ._tree import merge_schedule, num_leaves, schedule_tensor
+
+_SRC = Path(__file__).with_name("csrc") / "cpu_gemm.cpp"
+_ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "scalar": [],
+}
+ISA_ENV = "CREDIT_GEMM_CPU_ISA"
+"""Environment variable forcing the SIMD level (``avx512``, ``avx2``, ``scalar``)."""
+
+_lock = threading.Lock()
+_modules: dict[str, ModuleType] = {}
+_errors: dict[str, str] = {}
+
+
+def default_isa() -> str:
+    """SIMD level to build for: ``$CREDIT_GEMM_CPU_ISA`` or what torch detects."""
+    forced = os.environ.get(ISA_ENV)
+    if forced:
+        if forced not in _ISA_FLAGS:
+            raise ValueError(f"{ISA_ENV}={forced!r}; allowed: {sorted(_ISA_FLAGS)}")
+        return forced
+    cap = torch.backends.cpu.get_cpu_capability().upper()
+    if cap.startswith("AVX512"):
+        return "avx512"
+    if cap.startswith("AVX2"):
+        return "avx2"
+    return "scalar"
+
+
+def load(isa: str | None = None) -> ModuleType:
+    """Build (first call) or load the extension for ``isa``; raise on failure."""
+    isa = isa or default_isa()
+    with _lock:
+        if isa in _modules:
+            return _modules[isa]
+        if isa in _errors:
+            raise RuntimeError(_errors[isa])
+        try:
+            from torch.utils import cpp_extension
+
+            flags = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
+            mod = cpp_extension.load(
+                name=f"credit_det_gemm_cpu_{isa}",
+                sources=[str(_SRC)],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+        except Exception as exc:  # compiler missing, ninja missing, build error
+            _errors[isa] = f"building the cpu extension ({isa}) failed: {exc}"
+            raise RuntimeError(_errors[isa]) from exc
+        _modules[isa] = mod
+        return mod
+
+
+def unavailable_reason() -> str | None:
+    """``None`` if the extension loads, else why it does not."""
+    try:
+        load()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` on the CPU with the fixed K tree; inputs already validated."""
+    mod = load()
+    M, K = a.shape
+    N = b.shape[1]
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    n = num_leaves(K)
+    mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out)
+    return out

@@ -1,0 +1,85 @@
+"""The K tree: schedule, split property of its definition, and the cpu kernel
+computing exactly the documented order."""
+
+import pytest
+import torch
+
+from credit.kernels.gemm import LEAF, det_mm
+from credit.kernels.gemm._tree import merge_schedule, num_leaves, tree_sum
+
+
+def run_schedule(values, merges):
+    stack = []
+    for v, m in zip(values, merges):
+        stack.append(v)
+        for _ in range(m):
+            right, left = stack.pop(), stack.pop()
+            stack.append(f"({left}+{right})")
+    assert len(stack) == 1
+    return stack[0]
+
+
+def expr_tree(values):
+    if len(values) == 1:
+        return values[0]
+    h = (len(values) + 1) // 2
+    return f"({expr_tree(values[:h])}+{expr_tree(values[h:])})"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8, 12, 24, 31, 33, 100])
+def test_schedule_evaluates_the_tree(n):
+    leaves = [f"l{i}" for i in range(n)]
+    merges, depth = merge_schedule(n)
+    assert run_schedule(leaves, merges) == expr_tree(leaves)
+    # A stack of ceil(log2 n) + 1 partial tiles always suffices.
+    assert depth <= (n - 1).bit_length() + 1
+    if n & (n - 1) == 0:
+        assert depth == (n - 1).bit_length() + 1
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 12])
+@pytest.mark.parametrize("parts", [2, 4, 8])
+def test_tree_of_equal_parts_is_pairwise_sum_of_part_trees(m, parts):
+    leaves = [f"l{i}" for i in range(m * parts)]
+    chunks = [expr_tree(leaves[i : i + m]) for i in range(0, len(leaves), m)]
+    while len(chunks) > 1:
+        chunks = [f"({chunks[i]}+{chunks[i + 1]})" for i in range(0, len(chunks), 2)]
+    assert expr_tree(leaves) == chunks[0]
+
+
+def test_num_leaves():
+    assert [num_leaves(k) for k in (0, 1, 32, 33, 64, 96, 97)] == [0, 1, 1, 2, 2, 3, 4]
+    assert LEAF == 32
+
+
+def emulate_contract(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
+    """fp32 FMA chain per leaf (float64 product + add, rounded once to fp32),
+    leaves combined by the K tree ("tree") or left to right ("sequential")."""
+    M, K = a.shape
+    a64, b64 = a.double(), b.double()
+    parts = []
+    for lo in range(0, K, LEAF):
+        s = torch.zeros(M, b.shape[1], dtype=torch.float32)
+        for k in range(lo, min(lo + LEAF, K)):
+            s = (s.double() + a64[:, k : k + 1] * b64[k : k + 1, :]).float()
+        parts.append(s)
+    if order == "tree":
+        return tree_sum(parts)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+@pytest.mark.parametrize("k", [96, 200, 300])
+def test_cpu_kernel_computes_exactly_the_documented_order(k):
+    g = torch.Generator().manual_seed(40)
+    a = torch.randn(9, k, generator=g)
+    b = torch.randn(k, 11, generator=g)
+    got = det_mm(a, b, backend="cpu")
+    want = emulate_contract(a, b, "tree")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    # With >= 4 leaves the tree differs from left-to-right leaf order and the
+    # emulation tells them apart, so the equality above pins the tree.
+    if num_leaves(k) >= 4:
+        assert not torch.equal(want, emulate_contract(a, b, "sequential"))

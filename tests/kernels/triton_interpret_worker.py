@@ -1,0 +1,70 @@
+"""Runs the contract checks on the triton backend under Triton's interpreter.
+
+Launched by test_gemm_triton_interpret.py in a subprocess so TRITON_INTERPRET
+never leaks into other tests.  Prints one JSON object: check name -> "ok" or
+the failure text.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+if __name__ == "__main__":
+    # Before triton is imported anywhere (the package imports it lazily).
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import gemm_checks as C  # noqa: E402
+from credit.kernels.gemm import available_backends, det_mm  # noqa: E402
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+B, D = "triton", "cpu"
+
+
+def registry() -> None:
+    backends = available_backends("cpu")
+    assert backends == ["cpu", "triton", "reference"], backends
+    a = C.rand(70, 100, dtype=F32, device=D, seed=90)
+    b = C.rand(100, 40, dtype=F32, device=D, seed=91)
+    assert det_mm(a, b).dtype == F32  # auto still picks cpu on CPU tensors
+    torch.testing.assert_close(det_mm(a, b, backend="triton"), det_mm(a, b, backend="cpu"))
+
+
+CHECKS = {
+    "registry": registry,
+    "accuracy_f32": lambda: C.check_accuracy(B, D, F32, 333, 96, 80),
+    "accuracy_bf16": lambda: C.check_accuracy(B, D, BF16, 70, 100, 40),
+    "accuracy_f16": lambda: C.check_accuracy(B, D, F16, 70, 100, 40),
+    "backward_f32": lambda: C.check_backward(B, D, F32, 40, 70, 33),
+    "backward_bf16": lambda: C.check_backward(B, D, BF16, 40, 70, 33),
+    "row_invariance_f32": lambda: C.check_row_invariance(B, D, F32, 96, 40, (1, 64, 512)),
+    "row_invariance_bf16": lambda: C.check_row_invariance(B, D, BF16, 64, 40, (1, 64, 130)),
+    "chunking_f32": lambda: C.check_chunking(B, D, F32, 64, 40, (100, 156)),
+    "padding_f16": lambda: C.check_padding(B, D, F16, 70, 64, 40),
+    "n_invariance_f32": lambda: C.check_n_invariance(B, D, F32, 20, 64, 80),
+    "k_split_2_f32": lambda: C.check_k_split(B, D, F32, 8, 192, 16, 2),
+    "k_split_4_f32": lambda: C.check_k_split(B, D, F32, 8, 256, 16, 4),
+    "k_split_8_bf16": lambda: C.check_k_split(B, D, BF16, 8, 256, 16, 8),
+    "grad_row_invariance_f32": lambda: C.check_grad_row_invariance(B, D, F32, 70, 64, 40),
+    "weight_grad_order_f32": lambda: C.check_weight_grad_order(B, D, F32, 48, 40),
+    "run_to_run_bf16": lambda: C.check_run_to_run(B, D, BF16, 70, 64, 40),
+}
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(CHECKS)
+    results = {}
+    for name in names:
+        try:
+            CHECKS[name]()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc(limit=3)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
