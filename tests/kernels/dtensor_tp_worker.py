@@ -107,6 +107,7 @@ def worker(rank: int, world: int, init_file: str) -> None:
         if rank == 0:
             merged = {k: next((r[k] for r in gathered if r[k] != "ok"), "ok") for k in results}
             print(json.dumps(merged), flush=True)
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
