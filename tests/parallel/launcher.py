@@ -1,0 +1,83 @@
+"""Run a function on N real ranks (spawned processes, gloo, CPU) and collect what each returns.
+
+Every multi-rank test uses this one helper. The function runs after the process group is
+up; whatever it returns (picklable) comes back in rank order. A rank that raises fails
+the launch with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class RankFailure(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    out = Path(out_dir)
+    try:
+        result = fn(*args)
+        (out / f"{rank}.pkl").write_bytes(pickle.dumps(result))
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    except BaseException:
+        (out / f"{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
+    """`fn(*args)` on `world_size` ranks; returns the list of per-rank results."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(
+            _entry,
+            args=(world_size, _free_port(), out_dir, fn, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    for process in context.processes:
+                        process.kill()
+                    raise RankFailure(f"ranks did not finish within {timeout} s")
+        except RankFailure:
+            raise
+        except Exception as error:
+            errors = sorted(Path(out_dir).glob("*.err"))
+            detail = "\n".join(f"--- rank {p.stem} ---\n{p.read_text()}" for p in errors)
+            raise RankFailure(f"{error}\n{detail}") from None
+        return [pickle.loads((Path(out_dir) / f"{r}.pkl").read_bytes()) for r in range(world_size)]
