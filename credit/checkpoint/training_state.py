@@ -30,6 +30,19 @@ class Progress:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+    global_batch_size: int = 0  # samples per sampler batch over all dp ranks, when saved
+
+    def rescaled(self, global_batch_size: int, batches_per_epoch: int) -> "Progress":
+        """The same position in the epoch's sample order for another global batch size
+        (a resume under a different dp layout or batch size), rounded up to whole batches."""
+        if self.global_batch_size in (0, global_batch_size):
+            return Progress(self.step, self.epoch, self.batch_in_epoch, global_batch_size)
+        consumed = self.batch_in_epoch * self.global_batch_size
+        batch = -(-consumed // global_batch_size)
+        epoch = self.epoch
+        if batch >= batches_per_epoch:
+            epoch, batch = epoch + 1, 0
+        return Progress(self.step, epoch, batch, global_batch_size)
 
 
 def training_state(
@@ -50,6 +63,7 @@ def training_state(
             "step": progress.step,
             "epoch": progress.epoch,
             "batch_in_epoch": progress.batch_in_epoch,
+            "global_batch_size": progress.global_batch_size,
         },
         # per-rank keys: DCP keeps a single copy of a value every rank stores under one key
         "rng": {f"rank{rank}": pickle.dumps(rng_state())},
@@ -91,4 +105,6 @@ def restore_training_state(
             for name, param in model.named_parameters():
                 ema.shadow[name].copy_(param)
     p = state["progress"]
-    return Progress(int(p["step"]), int(p["epoch"]), int(p["batch_in_epoch"]))
+    return Progress(
+        int(p["step"]), int(p["epoch"]), int(p["batch_in_epoch"]), int(p["global_batch_size"])
+    )

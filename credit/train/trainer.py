@@ -142,7 +142,8 @@ class Trainer:
         )
         ema = cfg.trainer.ema
         self.ema = EMA(self.model, ema.decay) if ema.enabled else None
-        self.progress = Progress()
+        global_batch = cfg.trainer.batch_size * rt.dp_size
+        self.progress = Progress(global_batch_size=global_batch)
         source = self._resume_source()
         if source is not None:
             self.load(source)
@@ -176,9 +177,17 @@ class Trainer:
         return path
 
     def load(self, path: Path) -> None:
-        self.progress = restore_training_state(
+        saved = restore_training_state(
             path, self.model, self.optimizer, self.scheduler, self.ema, self.runtime.rank
         )
+        global_batch = self.cfg.trainer.batch_size * self.runtime.dp_size
+        self.progress = saved.rescaled(global_batch, self.sampler.batches_per_epoch)
+        if saved.global_batch_size != global_batch:
+            log.warning(
+                "resuming with %d samples per global batch instead of %d: the epoch continues "
+                "from sample %d of its order", global_batch, saved.global_batch_size,
+                self.progress.batch_in_epoch * global_batch,
+            )
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------ loop
