@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The default experiment on a dp=2 x tp=2 CPU mesh: 4 ranks via torchrun, 4 samples per
+# data-parallel rank (a global batch of 8, as the single-process default).
+NPROC ?= 4
+LAYOUT ?= parallelism=fsdp2_tp2 trainer.batch_size=4
+
 train: $(STAMP)
-	$(BIN)/credit train run_dir=$(RUN_DIR)
+	$(BIN)/credit train --nproc $(NPROC) $(LAYOUT) run_dir=$(RUN_DIR)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q

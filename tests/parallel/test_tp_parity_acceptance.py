@@ -1,0 +1,98 @@
+"""tp-parity acceptance: torchrun tp1 (dp2) vs tp2 (dp2 x tp2) from the same seed, and a
+tp2 resume, judged by manual_tests/gen2_parallelism/check_parity.py."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny import tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _run(args, **kwargs):
+    result = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=600, **kwargs)
+    return result
+
+
+def _credit_train(nproc, *overrides):
+    result = _run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc), *overrides])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _check(a, b, *flags):
+    return _run([*CHECK, str(a), str(b), *flags])
+
+
+@pytest.fixture(scope="module")
+def parity_runs(tiny_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    base = tiny_overrides(tiny_data, "trainer.max_steps=20", "trainer.batch_size=2",
+                          "trainer.checkpoint.every_n_steps=10", "data.valid_samples=4")
+    tp1 = _credit_train(2, *base, "parallelism=fsdp2", f"run_dir={root / 'tp1'}")
+    tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", f"run_dir={root / 'tp2'}")
+    # resume phase through the hydra script under an external torchrun
+    resumed = root / "tp2_resumed"
+    for _ in range(2):
+        job = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node=4", str(REPO / "applications" / "train.py"), *base,
+                    "parallelism=fsdp2_tp2", "trainer.steps_per_job=10", f"run_dir={resumed}"],
+                   cwd=root)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    return {"root": root, "tp1": tp1, "tp2": tp2}
+
+
+def test_tp1_and_tp2_losses_match(parity_runs):
+    root = parity_runs["root"]
+    result = _check(root / "tp1", root / "tp2", "--rtol", "1e-5")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.startswith("PASS: 20 steps match")
+    assert "dp 2 x tp 2" in parity_runs["tp2"].stdout
+
+
+def test_tp2_resume_continues_the_same_losses(parity_runs):
+    root = parity_runs["root"]
+    result = _check(root / "tp2", root / "tp2_resumed", "--exact")
+    assert result.returncode == 0, result.stdout
+
+
+def test_only_rank_zero_writes_one_run_directory(parity_runs):
+    for run in ("tp1", "tp2", "tp2_resumed"):
+        names = sorted(p.name for p in (parity_runs["root"] / run).iterdir())
+        assert names == ["checkpoints", "config.yaml", "loss.png", "metrics.csv"], names
+    assert not (parity_runs["root"] / "outputs").exists()  # no hydra timestamp directories
+
+
+def _fake_run(path: Path, losses, max_steps, last_checkpoint):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"trainer:\n  max_steps: {max_steps}\n")
+    rows = ["step,epoch,split,loss"] + [f"{i + 1},0,train,{v!r}" for i, v in enumerate(losses)]
+    (path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    if last_checkpoint:
+        ckpt = path / "checkpoints" / f"step_{last_checkpoint:08d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / ".metadata").write_bytes(b"x")
+
+
+def test_check_parity_fails_on_every_kind_of_mismatch(tmp_path):
+    base = [0.5, 0.4, 0.3]
+    _fake_run(tmp_path / "a", base, 3, 3)
+    _fake_run(tmp_path / "close", [0.5, 0.4 * (1 + 1e-7), 0.3], 3, 3)
+    _fake_run(tmp_path / "far", [0.5, 0.41, 0.3], 3, 3)
+    _fake_run(tmp_path / "short", base[:2], 3, 2)
+    _fake_run(tmp_path / "unfinished", base, 3, 2)
+    _fake_run(tmp_path / "fewer", base[:2], 2, 2)
+    assert _check(tmp_path / "a", tmp_path / "close").returncode == 0
+    exact = _check(tmp_path / "a", tmp_path / "close", "--exact")
+    assert exact.returncode == 1 and "first difference at step 2" in exact.stdout
+    far = _check(tmp_path / "a", tmp_path / "far")
+    assert far.returncode == 1 and "step 2" in far.stdout
+    assert "did not finish" in _check(tmp_path / "a", tmp_path / "short").stdout
+    assert "did not finish" in _check(tmp_path / "a", tmp_path / "unfinished").stdout
+    fewer = _check(tmp_path / "a", tmp_path / "fewer")
+    assert fewer.returncode == 1 and "logged 3 steps" in fewer.stdout
