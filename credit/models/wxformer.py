@@ -233,8 +233,8 @@ class UpBlock(nn.Module):
 class WXFormer(nn.Module):
     """Encoder of cross-embedding + transformer stages, decoder with skips, residual output."""
 
-    # containers whose children are the units data parallelism wraps one by one
-    _shard_units = ("embeds", "stages", "ups")
+    # the units data parallelism wraps one by one (a container's children, or a module)
+    _shard_units = ("embeds", "stages", "ups", "head")
 
     def __init__(self, spec: WXFormerSpec) -> None:
         super().__init__()

@@ -80,9 +80,12 @@ def clip_grad_norm_(
 
 
 def _replicated_over_tp(param: torch.Tensor) -> bool:
+    """True when every tp peer holds the same local values of `param`."""
     if not isinstance(param, DTensor):
         return True
     names = param.device_mesh.mesh_dim_names or ()
+    if "dp_tp" in names:  # sharded or averaged over all ranks, tp peers included
+        return False
     if "tp" not in names:
         return True
     return not isinstance(param.placements[names.index("tp")], Shard)

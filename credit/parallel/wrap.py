@@ -8,8 +8,12 @@ all-reduced). Both keep parameters as DTensors, so they compose with tensor para
 and save/load through the same DCP state dicts; classic `DistributedDataParallel` cannot
 hold DTensor parameters.
 
-The blocks wrapped one by one are the children of the containers a model names in
-`_shard_units` (e.g. its encoder stages); the parallelizer knows no class names.
+The blocks wrapped one by one are named by the model's `_shard_units` (a container's
+children, or a single module); the parallelizer knows no class names. A block without
+tensor-parallel parameters is identical on every tp peer, so with tp > 1 it is sharded
+(or replicated) over all dp x tp ranks (the flattened "dp_tp" mesh) instead of dp alone:
+tp peers then hold a quarter, not a half, of its weights at dp2 x tp2, and the gradient
+average over dp x tp equals the average over dp because tp peers' gradients are equal.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
@@ -31,11 +36,20 @@ MIXED_PRECISION = ("none", "bf16")
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The blocks named by the model's `_shard_units` containers, in order."""
+    """The blocks named by the model's `_shard_units`, in order: the children of a
+    ModuleList/ModuleDict path, or the module at any other path."""
     units: list[nn.Module] = []
     for path in getattr(model, "_shard_units", ()):
-        units.extend(model.get_submodule(path).children())
+        module = model.get_submodule(path)
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            units.extend(module.children())
+        else:
+            units.append(module)
     return units
+
+
+def _has_tp_params(module: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in module.parameters())
 
 
 def parallelize_model(
@@ -73,11 +87,18 @@ def parallelize_model(
     if mixed_precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     wrap = fully_shard if data == "fsdp2" else replicate
+    all_ranks_mesh = mesh["dp_tp"] if tp_mesh.size() > 1 else dp_mesh
+    on_all_ranks = 0
     for unit in units:
-        wrap(unit, mesh=dp_mesh, mp_policy=policy)
+        if _has_tp_params(unit):
+            wrap(unit, mesh=dp_mesh, mp_policy=policy)
+        else:
+            wrap(unit, mesh=all_ranks_mesh, mp_policy=policy)
+            on_all_ranks += 1
     wrap(model, mesh=dp_mesh, mp_policy=policy)
     log.info(
-        "applied %s over dp=%d to %d blocks and the root (mixed precision: %s)",
-        data, dp_mesh.size(), len(units), mixed_precision,
+        "applied %s over dp=%d to %d blocks (%d without tp parameters over all %d ranks) and "
+        "the root (mixed precision: %s)",
+        data, dp_mesh.size(), len(units), on_all_ranks, all_ranks_mesh.size(), mixed_precision,
     )
     return model

@@ -62,19 +62,31 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- setup
-    def _resume_source(self) -> Path | None:
+    def _decide_resume(self) -> tuple[str, str | None]:
+        """("resume", path), ("fresh", None) or ("refuse", why), judged from the files."""
         resume = self.cfg.trainer.resume
         latest = self.checkpoints.latest()
         if resume == "never":
             if latest is not None or (self.run_dir / "metrics.csv").exists():
-                raise FileExistsError(
+                return "refuse", (
                     f"run_dir {self.run_dir} already holds a run; trainer.resume=never would "
                     f"overwrite it: use trainer.resume=auto to continue it or choose another run_dir"
                 )
-            return None
+            return "fresh", None
         if resume == "auto":
-            return latest
-        return Path(resume)
+            return ("resume", str(latest)) if latest is not None else ("fresh", None)
+        return "resume", resume
+
+    def _resume_source(self) -> Path | None:
+        # Rank 0 decides for everyone: a slower rank must not look at the run directory
+        # after rank 0 has started writing into it.
+        decision = [self._decide_resume() if self.runtime.is_main else None]
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(decision, src=0)
+        verdict, detail = decision[0]
+        if verdict == "refuse":
+            raise FileExistsError(detail)
+        return Path(detail) if verdict == "resume" else None
 
     def setup(self) -> None:
         cfg, rt = self.cfg, self.runtime

@@ -13,7 +13,14 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from credit.models.wxformer import TransformerStage
-from credit.parallel import apply_native_tensor_parallel, clip_grad_norm_, parallelize_model, total_grad_norm
+from credit.parallel import (
+    apply_native_tensor_parallel,
+    build_device_mesh,
+    clip_grad_norm_,
+    parallelize_model,
+    resolve_layout,
+    total_grad_norm,
+)
 
 
 def _deterministic(shape, scale=0.1):
@@ -122,14 +129,14 @@ def test_wxformer_stage_matches_serial(world):
 
 
 def mixed_mesh_clip():
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = build_device_mesh(resolve_layout(4, "fsdp2", 2), "cpu")
     torch.manual_seed(0)
     model = nn.Sequential(
         TransformerStage(16, depth=1, dim_head=8, local_window=2, global_window=2,
                          ff_mult=2, attn_dropout=0.0, ff_dropout=0.0),
         nn.Conv2d(16, 4, 1),
     )
-    model._shard_units = ("",)  # the stage and the conv are the units
+    model._shard_units = ("0", "1")  # the stage and the conv are the units
     parallelize_model(model, mesh, "fsdp2")
     x = torch.randn(2, 16, 4, 4, generator=torch.Generator().manual_seed(mesh["dp"].get_local_rank()))
     model(x).square().mean().backward()
@@ -159,7 +166,8 @@ def mixed_mesh_clip():
 def test_mixed_mesh_clip_matches_torch_on_materialized_grads():
     eps = torch.finfo(torch.float32).eps
     for result in run_ranks(mixed_mesh_clip, 4):
-        assert result["meshes"] == [("dp",), ("dp", "tp")]
+        # norms on dp, projections on (dp, tp), the conv (no tp parameters) on all ranks
+        assert result["meshes"] == [("dp",), ("dp", "tp"), ("dp_tp",)]
         assert result["torch_rejects"]
         assert result["plain"]
         assert abs(result["norm"] - result["expected"]) <= 8 * eps * result["expected"]

@@ -35,7 +35,9 @@ def parity_runs(tiny_data, tmp_path_factory):
     base = tiny_overrides(tiny_data, "trainer.max_steps=20", "trainer.batch_size=2",
                           "trainer.checkpoint.every_n_steps=10", "data.valid_samples=4")
     tp1 = _credit_train(2, *base, "parallelism=fsdp2", f"run_dir={root / 'tp1'}")
-    tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", f"run_dir={root / 'tp2'}")
+    # resume=never on every rank: the decision must not race rank 0's first writes
+    tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
+                        f"run_dir={root / 'tp2'}")
     # resume phase through the hydra script under an external torchrun
     resumed = root / "tp2_resumed"
     for _ in range(2):
