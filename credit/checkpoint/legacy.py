@@ -39,7 +39,7 @@ from credit.checkpoint.manager import (
     is_complete_checkpoint,
     load_checkpoint,
 )
-from credit.models import build_model, remap_conv_state_dict
+from credit.models import RemapError, build_model, remap_conv_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,10 @@ def load_legacy_file(model: nn.Module, path: str | Path) -> None:
     `model` may already be tensor-parallel and/or FSDP2-sharded: every rank reads the file
     and `set_model_state_dict` places each rank's shard. Strict: see `check_weights`.
     """
-    state = remap_conv_state_dict(read_legacy_state_dict(path))
+    try:
+        state = remap_conv_state_dict(read_legacy_state_dict(path))
+    except RemapError as error:
+        raise LegacyCheckpointError(f"{path}: {error}") from None
     check_weights(_model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
     set_model_state_dict(
         model, state, options=StateDictOptions(full_state_dict=True, strict=True)

@@ -87,7 +87,7 @@ def _save_edited(tmp_path, legacy, edit):
         (lambda s: s.update({"head.extra": torch.ones(2)}), r"unexpected keys \['head\.extra'\]"),
         (lambda s: s.update({"head.bias": torch.ones(3)}), r"wrong shapes \['head\.bias \(3,\) \(model: \(\d+,\)\)'\]"),
         (lambda s: s.update({QKV: s[QKV][:24]}), r"wrong shapes \[.*to_q\.weight \(8, 16\) \(model: \(16, 16\)\)"),
-        (lambda s: s.update({"stages.0.layers.0.1.up.gain": torch.ones(2)}), r"stages\.0\.layers\.0\.1\.up\.gain: unknown suffix 'gain'"),
+        (lambda s: s.update({"stages.0.layers.0.1.up.gain": torch.ones(2)}), r"edited\.pt: stages\.0\.layers\.0\.1\.up\.gain: unknown suffix 'gain'"),
     ],
     ids=["missing", "unexpected", "shape", "qkv-shape", "suffix"],
 )
@@ -95,7 +95,7 @@ def test_strict_load_names_every_bad_key_and_changes_nothing(legacy, tmp_path, e
     path = _save_edited(tmp_path, legacy, edit)
     model = _model(legacy)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=named) as info:
+    with pytest.raises(LegacyCheckpointError, match=named) as info:
         load_legacy_file(model, path)
     assert "\n" not in str(info.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
