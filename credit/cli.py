@@ -1,4 +1,4 @@
-"""The `credit` command: train | check | data generate."""
+"""The `credit` command: train | check | convert-checkpoint | data generate."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ commands:
                                  train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
                                  --nproc N launches N ranks with torchrun (e.g. parallelism=fsdp2_tp2)
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
+  convert-checkpoint IN OUT [KEY=VALUE ...]
+                                 write legacy single-file checkpoint IN as a weights-only DCP
+                                 checkpoint OUT (new path) for the model the overrides describe;
+                                 continue with: credit train trainer.resume=OUT KEY=VALUE ...
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
 """
 
@@ -84,6 +88,32 @@ def _check(overrides: Sequence[str]) -> int:
     return 0
 
 
+def _convert(args: Sequence[str]) -> int:
+    if len(args) < 2 or any("=" in a for a in args[:2]):
+        return _fail("usage: credit convert-checkpoint IN OUT [KEY=VALUE ...]")
+    source, out, overrides = args[0], args[1], args[2:]
+    from pathlib import Path
+
+    if Path(out).exists():  # before any work: nothing is written
+        return _fail(f"{out} already exists; refusing to overwrite it (choose a new path)")
+    from credit.config import ConfigError, compose_config
+
+    try:
+        cfg = compose_config(overrides)
+    except ConfigError as error:
+        return _fail(str(error))
+    from credit.checkpoint.legacy import convert_checkpoint
+    from credit.logs import configure_logging
+
+    configure_logging()
+    try:
+        convert_checkpoint(source, out, cfg)
+    except (ValueError, FileExistsError, FileNotFoundError) as error:  # ValueError: data, remap, fit
+        return _fail(str(error))
+    print(f"wrote {out}; continue with: credit train trainer.resume={out} ...")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -94,13 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _train(rest)
     if command == "check":
         return _check(rest)
+    if command == "convert-checkpoint":
+        return _convert(rest)
     if command == "data":
         if not rest or rest[0] != "generate":
             return _fail("usage: credit data generate --out DIR [--grid 32x64 --years ...]")
         from credit.data.generate import main as generate_main
 
         return generate_main(rest[1:])
-    return _fail(f"unknown command {command!r}; commands: train, check, data generate")
+    return _fail(f"unknown command {command!r}; commands: train, check, convert-checkpoint, data generate")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
-"""Models: the Linear-based wxformer and its helpers (padding, spectral norm)."""
+"""Models: the Linear-based wxformer and its helpers (padding, spectral norm), and the
+legacy convolutional layout with its state-dict remapping."""
 
 from credit.models.build import build_model, model_spec, tp_planned_modules
+from credit.models.legacy import LegacyWXFormer, build_legacy_model
+from credit.models.remap import RemapError, remap_conv_state_dict
 from credit.models.wxformer import WXFormer, WXFormerSpec, apply_spectral_norm
 
 __all__ = [
+    "LegacyWXFormer",
+    "RemapError",
     "WXFormer",
     "WXFormerSpec",
     "apply_spectral_norm",
+    "build_legacy_model",
     "build_model",
     "model_spec",
+    "remap_conv_state_dict",
     "tp_planned_modules",
 ]

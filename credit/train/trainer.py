@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from credit.checkpoint.legacy import load_model_weights
 from credit.checkpoint.manager import CheckpointManager
 from credit.checkpoint.training_state import Progress, restore_training_state, training_state
 from credit.data import DPShardedBatchSampler
@@ -189,6 +190,18 @@ class Trainer:
         return path
 
     def load(self, path: Path) -> None:
+        if load_model_weights(self.model, path):
+            # a single file (legacy layout remapped) or a weights-only DCP directory: there is
+            # no optimizer state to map, so the run starts at step 0 from these weights
+            if self.ema is not None:
+                with torch.no_grad():
+                    for name, param in self.model.named_parameters():
+                        self.ema.shadow[name].copy_(param)
+            log.warning(
+                "loaded model weights only from %s: its optimizer state cannot be mapped, so "
+                "the optimizer and scheduler start fresh at step 0", path,
+            )
+            return
         saved = restore_training_state(
             path, self.model, self.optimizer, self.scheduler, self.ema, self.runtime.rank
         )

@@ -1,0 +1,215 @@
+"""Bring weights from elsewhere into a run: legacy single-file checkpoints and weights-only DCP.
+
+A legacy checkpoint is one `torch.save` file holding either a dict with `model_state_dict`
+or a bare state dict, possibly in the convolutional layout of `credit.models.legacy`
+(converted on the fly by `remap_conv_state_dict`). It has no optimizer state this code can
+map onto the current parameters, so it loads model weights only.
+
+`convert_checkpoint` turns such a file into a weights-only DCP directory: keys `model.*`
+(the current layout), `config` (the resolved YAML the model was built from) and `source`
+(the file it came from), and no `optim.*` keys. `trainer.resume=` accepts either form;
+both start the run at step 0 with a fresh optimizer, scheduler and sampler position.
+
+Every load is strict: missing keys, unexpected keys and shape mismatches are one error
+listing them all, before any weight is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+
+from credit.checkpoint.manager import (
+    _quiet_single_process,
+    checkpoint_keys,
+    is_complete_checkpoint,
+    load_checkpoint,
+)
+from credit.models import RemapError, build_model, remap_conv_state_dict
+
+log = logging.getLogger(__name__)
+
+_DDP_PREFIX = "module."  # state dicts saved from a DistributedDataParallel wrapper
+
+
+class LegacyCheckpointError(ValueError):
+    """A checkpoint that cannot be read, or whose weights do not fit the model."""
+
+
+def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model state dict stored in a single-file checkpoint, as saved (not remapped).
+
+    Accepts a dict with `model_state_dict`, or a bare state dict (every value a tensor). A
+    `module.` prefix on every key (a DistributedDataParallel save) is dropped. The file is
+    read with `weights_only=True`: it may hold tensors, numbers, strings and containers.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"legacy checkpoint {path} is not a file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling errors come in many types; report the first line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LegacyCheckpointError(
+            f"cannot read {path} as a torch.save checkpoint with weights_only=True: {first}"
+        ) from None
+    if isinstance(payload, Mapping) and "model_state_dict" in payload:
+        state = payload["model_state_dict"]
+    elif isinstance(payload, Mapping) and payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
+        state = payload
+    else:
+        keys = sorted(payload)[:10] if isinstance(payload, Mapping) else type(payload).__name__
+        raise LegacyCheckpointError(
+            f"{path} holds neither a dict with 'model_state_dict' nor a bare state dict of "
+            f"tensors (found {keys})"
+        )
+    state = dict(state)
+    if state and all(k.startswith(_DDP_PREFIX) for k in state):
+        state = {k[len(_DDP_PREFIX):]: v for k, v in state.items()}
+    return state
+
+
+def check_weights(
+    expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], source: str
+) -> None:
+    """Raise LegacyCheckpointError listing missing/unexpected keys and shape mismatches."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    shapes = sorted(
+        f"{k} {tuple(found[k])} (model: {tuple(expected[k])})"
+        for k in set(expected) & set(found)
+        if tuple(found[k]) != tuple(expected[k])
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    if shapes:
+        problems.append(f"wrong shapes {shapes}")
+    if problems:
+        raise LegacyCheckpointError(
+            f"{source} does not fit the model (strict load): {'; '.join(problems)}"
+        )
+
+
+def _model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    # a DTensor's shape is its global shape, so this needs no communication
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def load_legacy_file(model: nn.Module, path: str | Path) -> None:
+    """Load a single-file checkpoint's weights, remapped to the current layout, into `model`.
+
+    `model` may already be tensor-parallel and/or FSDP2-sharded: every rank reads the file
+    and `set_model_state_dict` places each rank's shard. Strict: see `check_weights`.
+    """
+    try:
+        state = remap_conv_state_dict(read_legacy_state_dict(path))
+    except RemapError as error:
+        raise LegacyCheckpointError(f"{path}: {error}") from None
+    check_weights(_model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, strict=True)
+    )
+
+
+def is_weights_only_checkpoint(path: str | Path) -> bool:
+    """A complete DCP directory holding model weights but no optimizer state."""
+    path = Path(path)
+    if not is_complete_checkpoint(path):
+        return False
+    keys = checkpoint_keys(path)
+    return any(k.startswith("model.") for k in keys) and not any(k.startswith("optim.") for k in keys)
+
+
+def load_weights_only_checkpoint(model: nn.Module, path: str | Path) -> None:
+    """Load the `model.*` weights of a DCP directory into `model` (any dp x tp layout)."""
+    path = Path(path)
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    stored = {
+        k[len("model."):]: tuple(v.size)
+        for k, v in metadata.items()
+        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
+    }
+    check_weights(_model_shapes(model), stored, str(path))
+    state = {"model": get_model_state_dict(model)}
+    load_checkpoint(path, state)
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+
+
+def load_model_weights(model: nn.Module, path: str | Path) -> bool:
+    """Load weights only when `path` is a single file or a weights-only DCP directory.
+
+    Returns False (nothing loaded) for a full training-state checkpoint, which the caller
+    restores with its optimizer, scheduler and progress.
+    """
+    path = Path(path)
+    if path.is_file():
+        load_legacy_file(model, path)
+        return True
+    if is_weights_only_checkpoint(path):
+        load_weights_only_checkpoint(model, path)
+        return True
+    return False
+
+
+def model_layout(cfg: DictConfig) -> dict[str, Any]:
+    """The data layout `build_model` needs, read from the training dataset of `cfg.data`."""
+    from credit.train.data import build_dataset
+
+    dataset = build_dataset(cfg.data, "train_period")
+    sample = dataset[0]
+    return dict(
+        in_channels=sample["state"].shape[0] * sample["state"].shape[1]
+        + sample["forcing"].shape[1]
+        + sample["static"].shape[0],
+        out_channels=sample["target"].shape[1],
+        state_channels=len(dataset.state_channel_names),
+        history_len=cfg.data.history_len,
+        grid=tuple(dataset.grid_shape),
+    )
+
+
+def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> Path:
+    """Write the weights of legacy file `source` as a weights-only DCP directory `out`.
+
+    The model is built from `cfg` (`model.*` and the data layout of `cfg.data`), so the
+    weights are checked strictly against the model that will train them. Refuses an
+    existing `out` (FileExistsError, nothing written); writes into a sibling partial
+    directory and renames it into place, so a failed conversion leaves no `out`.
+    """
+    source, out = Path(source), Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; refusing to overwrite it (choose a new path)")
+    if not source.is_file():
+        raise FileNotFoundError(f"legacy checkpoint {source} is not a file")
+    model = build_model(cfg.model, **model_layout(cfg))
+    load_legacy_file(model, source)
+    partial = out.with_name(f".partial_{out.name}")
+    if partial.exists():
+        shutil.rmtree(partial)
+    state = {
+        "model": model.state_dict(),
+        "config": OmegaConf.to_yaml(cfg),
+        "source": str(source.resolve()),
+    }
+    with _quiet_single_process():
+        dcp.save(state, checkpoint_id=str(partial))
+    partial.rename(out)
+    log.info("converted %s into weights-only DCP checkpoint %s", source, out)
+    return out
