@@ -64,12 +64,13 @@ def _train(args: Sequence[str]) -> int:
         return _fail(str(error))
     if nproc is not None and nproc > 1:
         return _launch(nproc, overrides)
+    from credit.checkpoint.legacy import LegacyCheckpointError
     from credit.data import DataError
     from credit.train import run_training
 
     try:
         run_training(cfg)
-    except (ConfigError, DataError, FileExistsError, FileNotFoundError) as error:
+    except (ConfigError, DataError, LegacyCheckpointError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     return 0
 

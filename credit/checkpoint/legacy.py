@@ -169,20 +169,10 @@ def load_model_weights(model: nn.Module, path: str | Path) -> bool:
 
 
 def model_layout(cfg: DictConfig) -> dict[str, Any]:
-    """The data layout `build_model` needs, read from the training dataset of `cfg.data`."""
-    from credit.train.data import build_dataset
+    """The data layout `build_model` needs for `cfg` (see `credit.train.data.model_layout`)."""
+    from credit.train.data import model_layout as layout_of
 
-    dataset = build_dataset(cfg.data, "train_period")
-    sample = dataset[0]
-    return dict(
-        in_channels=sample["state"].shape[0] * sample["state"].shape[1]
-        + sample["forcing"].shape[1]
-        + sample["static"].shape[0],
-        out_channels=sample["target"].shape[1],
-        state_channels=len(dataset.state_channel_names),
-        history_len=cfg.data.history_len,
-        grid=tuple(dataset.grid_shape),
-    )
+    return layout_of(cfg.data)
 
 
 def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> Path:

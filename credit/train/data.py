@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 from omegaconf import DictConfig
@@ -56,4 +57,21 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
         forecast_len=data.forecast_len,
         normalize=data.normalize,
         level_dim=data.level_dim,
+    )
+
+
+def model_layout(data: DictConfig, dataset: ERA5Dataset | None = None) -> dict[str, Any]:
+    """The data layout `build_model` needs (channel counts, history, grid), read from one
+    sample of `dataset` (default: the training dataset of `data`)."""
+    if dataset is None:
+        dataset = build_dataset(data, "train_period")
+    sample = dataset[0]
+    return dict(
+        in_channels=sample["state"].shape[0] * sample["state"].shape[1]
+        + sample["forcing"].shape[1]
+        + sample["static"].shape[0],
+        out_channels=sample["target"].shape[1],
+        state_channels=len(dataset.state_channel_names),
+        history_len=data.history_len,
+        grid=tuple(dataset.grid_shape),
     )

@@ -30,7 +30,7 @@ from credit.parallel import (
     seed_for_runtime,
     sync_replicated_gradients,
 )
-from credit.train.data import build_dataset, ensure_dataset
+from credit.train.data import build_dataset, ensure_dataset, model_layout
 from credit.train.ema import EMA
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedMSE, channel_weights, latitude_weights
@@ -103,17 +103,7 @@ class Trainer:
 
         # fully_shard does not broadcast weights: every rank builds identical full weights.
         seed_for_init(cfg.trainer.seed)
-        sample = self.train_set[0]
-        self.model = build_model(
-            cfg.model,
-            in_channels=sample["state"].shape[0] * sample["state"].shape[1]
-            + sample["forcing"].shape[1]
-            + sample["static"].shape[0],
-            out_channels=sample["target"].shape[1],
-            state_channels=self.state_channels,
-            history_len=data.history_len,
-            grid=tuple(self.train_set.grid_shape),
-        ).to(rt.device)
+        self.model = build_model(cfg.model, **model_layout(data, self.train_set)).to(rt.device)
         if rt.mesh is not None:
             par = cfg.trainer.parallelism
             parallelize_model(
