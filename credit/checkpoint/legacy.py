@@ -94,13 +94,18 @@ def check_weights(
         for k in set(expected) & set(found)
         if tuple(found[k]) != tuple(expected[k])
     )
+    def listed(names: list[str], limit: int = 10) -> str:
+        # a wholly wrong file would list every parameter: show the first few and a count
+        shown = str(names[:limit])
+        return shown if len(names) <= limit else f"{shown[:-1]}, ... {len(names) - limit} more]"
+
     problems = []
     if missing:
-        problems.append(f"missing keys {missing}")
+        problems.append(f"{len(missing)} missing keys {listed(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {unexpected}")
+        problems.append(f"{len(unexpected)} unexpected keys {listed(unexpected)}")
     if shapes:
-        problems.append(f"wrong shapes {shapes}")
+        problems.append(f"{len(shapes)} wrong shapes {listed(shapes)}")
     if problems:
         raise LegacyCheckpointError(
             f"{source} does not fit the model (strict load): {'; '.join(problems)}"
