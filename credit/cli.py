@@ -1,4 +1,4 @@
-"""The `credit` command: train | check | data generate."""
+"""The `credit` command: train | rollout | check | data generate."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ commands:
   train [--nproc N] [KEY=VALUE ...]
                                  train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
                                  --nproc N launches N ranks with torchrun (e.g. parallelism=fsdp2_tp2)
+  rollout [--nproc N] [KEY=VALUE ...]
+                                 forecasts from a checkpoint of the run (same overrides as train, plus
+                                 rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
 """
@@ -34,13 +37,13 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
     return None, rest
 
 
-def _launch(nproc: int, overrides: Sequence[str]) -> int:
-    """Re-run `credit train` as `nproc` local ranks under torchrun (same overrides)."""
+def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
+    """Re-run `credit <command_name>` as `nproc` local ranks under torchrun (same overrides)."""
     import os
 
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", "-m", "credit.cli", "train", *overrides,
+        f"--nproc_per_node={nproc}", "-m", "credit.cli", command_name, *overrides,
     ]
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     os.execvpe(command[0], command, env)
@@ -70,6 +73,29 @@ def _train(args: Sequence[str]) -> int:
     return 0
 
 
+def _rollout(args: Sequence[str]) -> int:
+    from credit.config import ConfigError, compose_config
+    from credit.config.validate import validate_layout
+
+    try:
+        nproc, overrides = _split_nproc(args)
+        cfg = compose_config(overrides)
+        if nproc is not None:
+            validate_layout(cfg, nproc)
+    except (ConfigError, ValueError) as error:
+        return _fail(str(error))
+    if nproc is not None and nproc > 1:
+        return _launch(nproc, overrides, "rollout")
+    from credit.data import DataError
+    from credit.rollout import RolloutError, run_rollout
+
+    try:
+        run_rollout(cfg)
+    except (ConfigError, DataError, RolloutError, FileExistsError, FileNotFoundError) as error:
+        return _fail(str(error))
+    return 0
+
+
 def _check(overrides: Sequence[str]) -> int:
     from omegaconf import OmegaConf
 
@@ -92,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "train":
         return _train(rest)
+    if command == "rollout":
+        return _rollout(rest)
     if command == "check":
         return _check(rest)
     if command == "data":
@@ -100,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from credit.data.generate import main as generate_main
 
         return generate_main(rest[1:])
-    return _fail(f"unknown command {command!r}; commands: train, check, data generate")
+    return _fail(f"unknown command {command!r}; commands: train, rollout, check, data generate")
 
 
 if __name__ == "__main__":

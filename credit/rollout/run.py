@@ -81,8 +81,9 @@ def _plan(cfg: DictConfig) -> _Plan:
     existing = [p for p in outputs if p.exists()]
     if existing and not ro.overwrite:
         raise FileExistsError(
-            f"{existing[0]} exists ({len(existing)} of this rollout's {len(outputs)} output files "
-            f"do); pass rollout.overwrite=true to replace them or choose another rollout.output_dir")
+            f"{existing[0]} exists ({len(existing)} of the {len(outputs)} output files of this "
+            f"rollout exist); pass rollout.overwrite=true to replace them or choose another "
+            f"rollout.output_dir")
     return _Plan(checkpoint, weights, inits, outputs, map_channel)
 
 
