@@ -66,9 +66,13 @@ def _section(cfg: DictConfig, dotted: str) -> Any:
 
 
 def model_config_differences(run: DictConfig, stored: DictConfig) -> list[str]:
-    """`key: run X, checkpoint Y` for every key of `model.*` and LAYOUT_KEYS that differs."""
+    """`key: run X, checkpoint Y` for every key of `model.*` and LAYOUT_KEYS that differs.
+    A section the stored config lacks altogether (e.g. a converted checkpoint's) is not
+    compared; the strict weight loading still checks every key and shape."""
     differences = []
     for dotted in ("model", *LAYOUT_KEYS):
+        if _section(stored, dotted) is None:
+            continue
         ours, theirs = _flatten(_section(run, dotted), dotted), _flatten(_section(stored, dotted), dotted)
         for key in sorted(set(ours) | set(theirs)):
             a, b = ours.get(key, "<absent>"), theirs.get(key, "<absent>")

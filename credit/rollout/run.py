@@ -49,6 +49,7 @@ class _Plan:
     checkpoint: Path
     weights: str
     inits: list[int]
+    step: int  # the data's time step, ns
     outputs: list[Path]
     map_channel: str
 
@@ -84,7 +85,7 @@ def _plan(cfg: DictConfig) -> _Plan:
             f"{existing[0]} exists ({len(existing)} of the {len(outputs)} output files of this "
             f"rollout exist); pass rollout.overwrite=true to replace them or choose another "
             f"rollout.output_dir")
-    return _Plan(checkpoint, weights, inits, outputs, map_channel)
+    return _Plan(checkpoint, weights, inits, step, outputs, map_channel)
 
 
 def _barrier() -> None:
@@ -110,8 +111,7 @@ def _rollout(cfg: DictConfig, runtime) -> RolloutResult:
     ensure_dataset(data, runtime.is_main)
     plan = _plan(cfg)
     _barrier()  # no rank writes before every rank has accepted the request
-    times = data_times(data)
-    dataset = rollout_dataset(data, plan.inits, time_step(times), ro.lead_steps)
+    dataset = rollout_dataset(data, plan.inits, plan.step, ro.lead_steps)
     model = build_forecast_model(cfg, dataset, runtime)
     load_weights(model, plan.checkpoint, plan.weights)
     forecaster = Forecaster(model, dataset, runtime.device)

@@ -92,3 +92,17 @@ def test_existing_forecasts_are_never_overwritten_silently(trained_run, tmp_path
     assert main(["rollout", *args, "rollout.overwrite=true"]) == 0
     assert len(target.read_bytes()) == len(before)
     shutil.rmtree(tmp_path)
+
+
+def test_model_config_comparison_names_keys_and_skips_sections_a_checkpoint_lacks(trained_run):
+    from omegaconf import OmegaConf
+
+    from credit.config import compose_config
+    from credit.rollout.checkpoint import model_config_differences
+
+    _, overrides = trained_run
+    run = compose_config(overrides())
+    stored = OmegaConf.create({"model": {**OmegaConf.to_container(run.model), "ff_mult": 2}})
+    assert model_config_differences(run, stored) == ["model.ff_mult: run 4, checkpoint 2"]
+    stored.data = {"history_len": 2}
+    assert model_config_differences(run, stored)[-1] == "data.history_len: run 1, checkpoint 2"
