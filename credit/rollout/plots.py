@@ -31,6 +31,7 @@ def plot_rmse_vs_lead(rows: Sequence[dict[str, object]], path: Path) -> None:
         ax.set_title(f"{channel} [{mine[0]['units']}]", fontsize=9)
         ax.set_xlabel("lead time (h)", fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.yaxis.get_offset_text().set_fontsize(7)
     for ax in list(axes.flat)[len(channels):]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
