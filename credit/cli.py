@@ -1,4 +1,4 @@
-"""The `credit` command: train | check | convert-checkpoint | data generate."""
+"""The `credit` command: train | rollout | check | convert-checkpoint | data generate."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ commands:
   train [--nproc N] [KEY=VALUE ...]
                                  train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
                                  --nproc N launches N ranks with torchrun (e.g. parallelism=fsdp2_tp2)
+  rollout [--nproc N] [KEY=VALUE ...]
+                                 forecasts from a checkpoint of the run (same overrides as train, plus
+                                 rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
   convert-checkpoint IN OUT [KEY=VALUE ...]
                                  write legacy single-file checkpoint IN as a weights-only DCP
@@ -38,20 +41,23 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
     return None, rest
 
 
-def _launch(nproc: int, overrides: Sequence[str]) -> int:
-    """Re-run `credit train` as `nproc` local ranks under torchrun (same overrides)."""
+def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
+    """Re-run `credit <command_name>` as `nproc` local ranks under torchrun (same overrides)."""
     import os
 
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", "-m", "credit.cli", "train", *overrides,
+        f"--nproc_per_node={nproc}", "-m", "credit.cli", command_name, *overrides,
     ]
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     os.execvpe(command[0], command, env)
     return 0  # not reached
 
 
-def _train(args: Sequence[str]) -> int:
+def _compose_or_launch(args: Sequence[str], command_name: str):
+    """Compose and validate the config (and the layout for --nproc N); with N > 1, re-run
+    the command as N ranks under torchrun, which does not return. Returns (exit code, cfg):
+    a non-None exit code means stop with it."""
     from credit.config import ConfigError, compose_config
     from credit.config.validate import validate_layout
 
@@ -61,16 +67,39 @@ def _train(args: Sequence[str]) -> int:
         if nproc is not None:
             validate_layout(cfg, nproc)
     except (ConfigError, ValueError) as error:
-        return _fail(str(error))
+        return _fail(str(error)), None
     if nproc is not None and nproc > 1:
-        return _launch(nproc, overrides)
+        _launch(nproc, overrides, command_name)
+    return None, cfg
+
+
+def _train(args: Sequence[str]) -> int:
+    code, cfg = _compose_or_launch(args, "train")
+    if code is not None:
+        return code
     from credit.checkpoint.legacy import LegacyCheckpointError
+    from credit.config import ConfigError
     from credit.data import DataError
     from credit.train import run_training
 
     try:
         run_training(cfg)
     except (ConfigError, DataError, LegacyCheckpointError, FileExistsError, FileNotFoundError) as error:
+        return _fail(str(error))
+    return 0
+
+
+def _rollout(args: Sequence[str]) -> int:
+    code, cfg = _compose_or_launch(args, "rollout")
+    if code is not None:
+        return code
+    from credit.config import ConfigError
+    from credit.data import DataError
+    from credit.rollout import RolloutError, run_rollout
+
+    try:
+        run_rollout(cfg)
+    except (ConfigError, DataError, RolloutError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     return 0
 
@@ -123,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "train":
         return _train(rest)
+    if command == "rollout":
+        return _rollout(rest)
     if command == "check":
         return _check(rest)
     if command == "convert-checkpoint":
@@ -133,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from credit.data.generate import main as generate_main
 
         return generate_main(rest[1:])
-    return _fail(f"unknown command {command!r}; commands: train, check, convert-checkpoint, data generate")
+    return _fail(
+        f"unknown command {command!r}; commands: train, rollout, check, convert-checkpoint, data generate"
+    )
 
 
 if __name__ == "__main__":

@@ -141,11 +141,38 @@ class TrainerConfig:
 
 
 @dataclass
+class InitRangeConfig:
+    """Init times start, start + every_hours, ... up to end (inclusive); used when
+    `rollout.init_times` is empty."""
+
+    start: str = "2001-01-01T00"
+    end: str = "2001-01-01T00"
+    every_hours: int = 24
+
+
+@dataclass
+class RolloutConfig:
+    checkpoint: str = "auto"  # auto (latest complete in run_dir/checkpoints) | a DCP directory
+    weights: str = "auto"  # auto (EMA when stored) | ema | model
+    init_times: List[str] = field(default_factory=list)  # ISO times; when given, init_range is unused
+    init_range: InitRangeConfig = field(default_factory=InitRangeConfig)
+    lead_steps: int = 8  # autoregressive steps of the data's time step
+    output_dir: str = "runs/default/forecasts"
+    overwrite: bool = False
+    complevel: int = 4  # zlib level of the netCDF variables; 0: uncompressed
+    skill: bool = True  # skill.csv and plots against the dataset's truth
+    climatology_samples: int = 64  # training-period times averaged into the ACC climatology
+    map_channel: str = ""  # channel mapped, e.g. T_500 or t2m; empty: the first one
+    progress_bar: bool = True
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 def register_configs() -> None:

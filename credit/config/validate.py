@@ -148,6 +148,35 @@ def validate_trainer(trainer: DictConfig) -> None:
         _check(weight >= 0, f"trainer.loss.variable_weights.{weight_name}", weight, "must be >= 0")
 
 
+ROLLOUT_WEIGHTS = ("auto", "ema", "model")
+
+
+def validate_rollout(rollout: DictConfig) -> None:
+    """Shape of the rollout keys; checkpoint existence and data coverage are checked when
+    a rollout starts, so a training run never depends on them."""
+    _check(bool(rollout.checkpoint), "rollout.checkpoint", rollout.checkpoint,
+           "use 'auto' or the path of a checkpoint directory")
+    _check(rollout.weights in ROLLOUT_WEIGHTS, "rollout.weights", rollout.weights,
+           f"allowed: {list(ROLLOUT_WEIGHTS)}")
+    _check(rollout.lead_steps >= 1, "rollout.lead_steps", rollout.lead_steps, "must be >= 1")
+    _check(bool(rollout.output_dir), "rollout.output_dir", rollout.output_dir,
+           "must be a directory path")
+    _check(0 <= rollout.complevel <= 9, "rollout.complevel", rollout.complevel,
+           "must be in 0..9 (0: uncompressed)")
+    _check(rollout.climatology_samples >= 1, "rollout.climatology_samples",
+           rollout.climatology_samples, "must be >= 1")
+    for value in rollout.init_times:
+        _parse_time("rollout.init_times", value)
+    if not rollout.init_times:
+        span = rollout.init_range
+        start = _parse_time("rollout.init_range.start", span.start)
+        end = _parse_time("rollout.init_range.end", span.end)
+        _check(start <= end, "rollout.init_range.end", span.end,
+               f"must not be before rollout.init_range.start={span.start}")
+        _check(span.every_hours >= 1, "rollout.init_range.every_hours", span.every_hours,
+               "must be >= 1")
+
+
 def validate_layout(cfg: DictConfig, world_size: int) -> None:
     """The (dp, tp) split of `world_size` ranks that trainer.parallelism asks for must exist."""
     from credit.parallel.mesh import resolve_layout
@@ -165,6 +194,7 @@ def validate_config(cfg: DictConfig) -> None:
     validate_trainer(cfg.trainer)
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
     validate_data(cfg.data)
+    validate_rollout(cfg.rollout)
     variables = cfg.data.variables
     output_vars = [*variables.upper_air, *variables.surface, *variables.diagnostic]
     for name in cfg.trainer.loss.variable_weights:

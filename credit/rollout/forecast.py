@@ -1,0 +1,86 @@
+"""The autoregressive forecast from one init time, assembled exactly as training does.
+
+Lead k+1 feeds the model the newest `history_len` state frames, the forcing at the predicted
+time and the static fields (`credit.train.forecast.model_input`); its prognostic channels
+become the newest frame of lead k+2. Forcing, static fields and truth come from the dataset
+sample that starts k steps after the init's first input frame: its forcing frame
+`history_len` is the predicted time, its target the truth at that time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from credit.data import ERA5Dataset
+from credit.train.data import variable_spec
+from credit.train.forecast import model_input
+
+
+def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: int) -> ERA5Dataset:
+    """One-step samples covering every input, forcing and truth time of `inits`."""
+    first = min(inits) - (data.history_len - 1) * step
+    last = max(inits) + lead_steps * step
+    iso = [str(np.datetime64(int(t), "ns").astype("datetime64[s]")) for t in (first, last)]
+    return ERA5Dataset(
+        data.root,
+        files=dict(data.files),
+        variables=variable_spec(data),
+        levels=list(data.levels),
+        period=(iso[0], iso[1]),
+        history_len=data.history_len,
+        forecast_len=1,
+        normalize=data.normalize,
+        level_dim=data.level_dim,
+    )
+
+
+class Forecaster:
+    """Runs `model` forward from init times of `dataset` (samples with forecast_len=1)."""
+
+    def __init__(self, model: nn.Module, dataset: ERA5Dataset, device: torch.device) -> None:
+        self.model, self.dataset, self.device = model, dataset, device
+        self.history_len = dataset.history_len
+        self.state_channels = len(dataset.state_channel_names)
+        self.step = dataset.step_ns
+        self._index = {int(t): i for i, t in enumerate(dataset.times.astype(np.int64))}
+        mean, std = dataset.target_mean.astype(np.float64), dataset.target_std.astype(np.float64)
+        self._mean = mean[:, None, None] if dataset.normalize else np.zeros((len(mean), 1, 1))
+        self._std = std[:, None, None] if dataset.normalize else np.ones((len(std), 1, 1))
+
+    def _sample(self, first_input_time: int) -> dict[str, torch.Tensor]:
+        return self.dataset[self._index[first_input_time]]
+
+    def physical(self, normalized: torch.Tensor) -> np.ndarray:
+        """(C, H, W) normalized channels (target order, or its state prefix) -> physical float64."""
+        values = normalized.detach().double().cpu().numpy()
+        return values * self._std[: len(values)] + self._mean[: len(values)]
+
+    def persistence(self, init: int) -> np.ndarray:
+        """(C_state, H, W) physical state at the init time: the persistence forecast."""
+        first = init - (self.history_len - 1) * self.step
+        return self.physical(self._sample(first)["state"][-1])
+
+    @torch.no_grad()
+    def leads(self, init: int, lead_steps: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(prediction, truth) per lead, each (C_target, H, W) physical float64."""
+        was_training = self.model.training
+        self.model.eval()
+        first = init - (self.history_len - 1) * self.step
+        sample = self._sample(first)
+        state = sample["state"].unsqueeze(0).to(self.device)
+        static = sample["static"].unsqueeze(0).to(self.device)
+        try:
+            for k in range(lead_steps):
+                sample = sample if k == 0 else self._sample(first + k * self.step)
+                forcing = sample["forcing"][self.history_len].unsqueeze(0).to(self.device)
+                prediction = self.model(model_input(state, forcing, static)).float()
+                newest = prediction[:, : self.state_channels].unsqueeze(1)
+                state = torch.cat([state[:, 1:], newest], dim=1)
+                yield self.physical(prediction[0]), self.physical(sample["target"][0])
+        finally:
+            self.model.train(was_training)

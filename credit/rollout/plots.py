@@ -1,0 +1,62 @@
+"""Figures of a rollout: RMSE against lead time, and one forecast/truth/difference map."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_STYLES = {"model": ("C0", "-"), "persistence": ("C1", "--"), "climatology": ("C2", ":")}
+
+
+def plot_rmse_vs_lead(rows: Sequence[dict[str, object]], path: Path) -> None:
+    """One panel per channel: RMSE of model, persistence and climatology against lead hours."""
+    channels = list(dict.fromkeys(str(r["channel"]) for r in rows))
+    cols = min(4, len(channels))
+    nrows = math.ceil(len(channels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.6 * nrows), squeeze=False)
+    for ax, channel in zip(axes.flat, channels):
+        mine = [r for r in rows if r["channel"] == channel]
+        hours = [float(r["lead_hours"]) for r in mine]
+        for name, (color, style) in _STYLES.items():
+            values = [float(r[f"rmse_{name}"]) if r[f"rmse_{name}"] != "" else np.nan for r in mine]
+            if not all(np.isnan(values)):
+                ax.plot(hours, values, style, color=color, marker=".", label=name)
+        ax.set_title(f"{channel} [{mine[0]['units']}]", fontsize=9)
+        ax.set_xlabel("lead time (h)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.yaxis.get_offset_text().set_fontsize(7)
+    for ax in list(axes.flat)[len(channels):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("latitude-weighted RMSE", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_map(forecast: np.ndarray, truth: np.ndarray, latitude: np.ndarray, longitude: np.ndarray,
+             title: str, units: str, path: Path) -> None:
+    """Forecast, truth (shared colour scale) and forecast - truth of one (H, W) field."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    low, high = float(min(forecast.min(), truth.min())), float(max(forecast.max(), truth.max()))
+    diff = forecast - truth
+    span = float(np.abs(diff).max()) or 1.0
+    panels = ((forecast, "forecast", "viridis", low, high), (truth, "truth", "viridis", low, high),
+              (diff, "forecast - truth", "RdBu_r", -span, span))
+    for ax, (field, name, cmap, vmin, vmax) in zip(axes, panels):
+        mesh = ax.pcolormesh(longitude, latitude, field, cmap=cmap, vmin=vmin, vmax=vmax, shading="auto")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("longitude (°E)")
+        fig.colorbar(mesh, ax=ax, label=units)
+    axes[0].set_ylabel("latitude (°N)")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
