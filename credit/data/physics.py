@@ -240,10 +240,13 @@ class ToyAtmosphere:
         excess = toa_irradiance(mid_ns, self.lat, self.lon) - daily_mean_irradiance(mid_ns, self.lat)
         depth = np.clip((self.p - 400.0) / 600.0, 0.0, 1.0) ** 3  # (L,1,1)
         temp = temp + dt / day * 0.02 * depth * (0.3 + 0.7 * self.lsm) * excess
-        # Humidity: evaporation towards 80 % RH (ocean-fed, low levels), precipitation drying (10 d).
+        # Humidity: evaporation towards 80 % RH (ocean-fed, strongest at low levels; a weak part
+        # aloft stands in for convective moistening, without which the upper levels would dry
+        # out for good), precipitation drying (10 d).
         p_pa = self.p * 100.0
         q_sat = saturation_specific_humidity(temp, p_pa)
-        source = np.maximum(0.8 * q_sat - q, 0.0) * depth * (1.0 - 0.6 * self.lsm) / (1.5 * day)
+        moistening = 0.15 + 0.85 * depth
+        source = np.maximum(0.8 * q_sat - q, 0.0) * moistening * (1.0 - 0.6 * self.lsm) / (1.5 * day)
         q = q + dt * (source - q / (10 * day))
         # Condensation of supersaturated air within ~3 h, releasing latent heat.
         condensed = np.maximum(q - q_sat, 0.0) * (1.0 - np.exp(-dt / (3 * 3600.0)))

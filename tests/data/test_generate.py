@@ -151,3 +151,23 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, capsys):
     assert main(args + ["--overwrite"]) == 0 and (out / "notes.txt").exists()
     with pytest.raises(GenerateError, match="levels"):
         generate_dataset(tmp_path / "y", levels=(), progress=False)
+
+
+def test_every_level_stays_statistically_steady_over_a_year(tmp_path):
+    """No variable may dry out or drift away at any level: a year-long run keeps each
+    level's spatial mean and 6-hour variability of the last month within a factor of 2 of
+    the first month's (upper-level humidity once decayed to zero without a source)."""
+    root = generate_dataset(tmp_path / "year", grid=(8, 16), years=[2000], levels=[300, 850],
+                            progress=False)
+    ds = xr.open_dataset(root / "era5_2000.nc")
+    first = ds.sel(time=slice("2000-01-01", "2000-01-31"))
+    last = ds.sel(time=slice("2000-12-01", "2000-12-31"))
+    for name in ("U", "V", "T", "Q"):
+        for level in (300, 850):
+            a = first[name].sel(level=level).values.astype(np.float64)
+            b = last[name].sel(level=level).values.astype(np.float64)
+            change_a = np.sqrt(np.mean(np.diff(a, axis=0) ** 2))
+            change_b = np.sqrt(np.mean(np.diff(b, axis=0) ** 2))
+            assert 0.5 < change_b / change_a < 2.0, (name, level, change_a, change_b)
+            if name in ("T", "Q"):
+                assert 0.5 < b.mean() / a.mean() < 2.0, (name, level, a.mean(), b.mean())
