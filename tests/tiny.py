@@ -5,6 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 TINY_LEVELS = [500, 850]
+# `model.*` of the tiny wxformer as a mapping, for building it without hydra
+SMALL_MODEL = dict(
+    dim=[16, 32],
+    depth=[1, 1],
+    dim_head=8,
+    local_window_size=[2, 2],
+    global_window_size=[2, 2],
+    cross_embed_kernel_sizes=[[2, 4], [2, 4]],
+    cross_embed_strides=[2, 2],
+)
 TINY_MODEL = [
     "model.dim=[16,32]",
     "model.depth=[1,1]",

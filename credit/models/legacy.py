@@ -38,9 +38,11 @@ def _conv1x1(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
 class LegacyAttention(nn.Module):
     """Windowed multi-head attention with a fused 1x1-conv q/k/v and a 1x1-conv output."""
 
-    # the window cut and its inverse are today's, so both layouts group points identically
+    # the window cut, its inverse and the head arithmetic are today's, so both layouts
+    # group points and heads identically
     _to_windows = Attention._to_windows
     _from_windows = Attention._from_windows
+    _attend = Attention._attend
 
     def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> None:
         super().__init__()
@@ -58,19 +60,8 @@ class LegacyAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = _conv1x1(self.norm(x), self.to_qkv).chunk(3, dim=-1)
         q, k, v = (self._to_windows(t.contiguous()) for t in (q, k, v))
-        n, length, width = q.shape
-        heads = width // self.dim_head
-
-        def split_heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(n, length, heads, self.dim_head).transpose(1, 2)
-
-        attended = F.scaled_dot_product_attention(
-            split_heads(q),
-            split_heads(k),
-            split_heads(v),
-            dropout_p=self.dropout if self.training else 0.0,
-        )
-        merged = attended.transpose(1, 2).reshape(n, length, width)
+        merged = self._attend(q, k, v)
+        width = merged.shape[-1]
         grid_shape = torch.Size((*x.shape[:3], width))
         return _conv1x1(self._from_windows(merged, grid_shape), self.to_out)
 

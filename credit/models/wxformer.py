@@ -106,9 +106,8 @@ class Attention(nn.Module):
             x = x.view(b, h // s, w // s, s, s, c).permute(0, 3, 1, 4, 2, 5)
         return x.reshape(b, h, w, c)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        windows = self._to_windows(self.norm(x))
-        q, k, v = self.to_q(windows), self.to_k(windows), self.to_v(windows)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(windows, length, width) q/k/v -> attended values, heads = width // dim_head."""
         n, length, width = q.shape
         heads = width // self.dim_head
 
@@ -121,7 +120,11 @@ class Attention(nn.Module):
             split_heads(v),
             dropout_p=self.dropout if self.training else 0.0,
         )
-        merged = attended.transpose(1, 2).reshape(n, length, width)
+        return attended.transpose(1, 2).reshape(n, length, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        windows = self._to_windows(self.norm(x))
+        merged = self._attend(self.to_q(windows), self.to_k(windows), self.to_v(windows))
         return self._from_windows(self.to_out(merged), x.shape)
 
 

@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from tiny import SMALL_MODEL as SMALL
+
 from credit.models import (
     LegacyWXFormer,
     RemapError,
@@ -12,15 +14,6 @@ from credit.models import (
     remap_conv_state_dict,
 )
 
-SMALL = dict(
-    dim=[16, 32],
-    depth=[1, 1],
-    dim_head=8,
-    local_window_size=[2, 2],
-    global_window_size=[2, 2],
-    cross_embed_kernel_sizes=[[2, 4], [2, 4]],
-    cross_embed_strides=[2, 2],
-)
 LAYOUT = dict(in_channels=9, out_channels=7, state_channels=6, history_len=1, grid=(16, 32))
 QKV = "stages.0.layers.0.0.to_qkv"
 

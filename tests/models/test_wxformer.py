@@ -4,19 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from tiny import SMALL_MODEL as SMALL
+
 from credit.models import WXFormer, build_model, tp_planned_modules
 from credit.models.padding import EarthPad
 from credit.models.wxformer import Attention, FeedForward
 
-SMALL = dict(
-    dim=[16, 32],
-    depth=[1, 1],
-    dim_head=8,
-    local_window_size=[2, 2],
-    global_window_size=[2, 2],
-    cross_embed_kernel_sizes=[[2, 4], [2, 4]],
-    cross_embed_strides=[2, 2],
-)
 
 
 def small_model(grid=(16, 32), history_len=1, state=6, diagnostic=0, **overrides):
