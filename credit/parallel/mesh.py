@@ -97,5 +97,10 @@ def build_device_mesh(layout: ParallelLayout, device_type: str) -> DeviceMesh:
     partial over both dims (e.g. a gradient norm) in one collective instead of two.
     """
     mesh = init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
-    mesh[("dp", "tp")]._flatten(mesh_dim_name="dp_tp")
+    all_ranks_mesh(mesh)
     return mesh
+
+
+def all_ranks_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D "dp_tp" mesh over every rank of the (dp, tp) mesh (created once, then reused)."""
+    return mesh[("dp", "tp")]._flatten(mesh_dim_name="dp_tp")

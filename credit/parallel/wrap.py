@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from credit.parallel.mesh import all_ranks_mesh
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
 
 log = logging.getLogger(__name__)
@@ -87,18 +88,18 @@ def parallelize_model(
     if mixed_precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     wrap = fully_shard if data == "fsdp2" else replicate
-    all_ranks_mesh = mesh["dp_tp"] if tp_mesh.size() > 1 else dp_mesh
+    everyone = all_ranks_mesh(mesh) if tp_mesh.size() > 1 else dp_mesh
     on_all_ranks = 0
     for unit in units:
         if _has_tp_params(unit):
             wrap(unit, mesh=dp_mesh, mp_policy=policy)
         else:
-            wrap(unit, mesh=all_ranks_mesh, mp_policy=policy)
+            wrap(unit, mesh=everyone, mp_policy=policy)
             on_all_ranks += 1
     wrap(model, mesh=dp_mesh, mp_policy=policy)
     log.info(
         "applied %s over dp=%d to %d blocks (%d without tp parameters over all %d ranks) and "
         "the root (mixed precision: %s)",
-        data, dp_mesh.size(), len(units), on_all_ranks, all_ranks_mesh.size(), mixed_precision,
+        data, dp_mesh.size(), len(units), on_all_ranks, everyone.size(), mixed_precision,
     )
     return model
