@@ -76,10 +76,11 @@ def _run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, **kwargs)
 
 
-@pytest.mark.parametrize("command", ["check", "train"])
+@pytest.mark.parametrize("command", [[*CREDIT, "check"], [*CREDIT, "train"],
+                                     [sys.executable, str(REPO / "applications" / "train.py")]])
 def test_cli_typo_fails_fast_with_one_line(command, tmp_path):
     started = time.perf_counter()
-    result = _run([*CREDIT, command, "trainer.max_stepz=5", f"run_dir={tmp_path}/run"])
+    result = _run([*command, "trainer.max_stepz=5", f"run_dir={tmp_path}/run"])
     elapsed = time.perf_counter() - started
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
