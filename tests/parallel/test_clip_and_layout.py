@@ -1,6 +1,5 @@
 """Plain-tensor clipping against torch, and parallel-layout errors (no process group)."""
 
-import copy
 import os
 import subprocess
 import sys

@@ -1,6 +1,5 @@
 """Single-process training end to end: real files, real hydra composition, real DCP."""
 
-import shutil
 
 import pytest
 
