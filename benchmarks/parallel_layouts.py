@@ -44,7 +44,7 @@ def worker(overrides: list[str], out: str) -> None:
     import torch.distributed as dist
 
     from credit.config import compose_config
-    from credit.train.run import build_runtime
+    from credit.parallel import build_runtime
     from credit.train.trainer import Trainer
 
     cfg = compose_config(overrides)

@@ -58,13 +58,15 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
     the command as N ranks under torchrun, which does not return. Returns (exit code, cfg):
     a non-None exit code means stop with it."""
     from credit.config import ConfigError, compose_config
-    from credit.config.validate import validate_layout
 
     try:
         nproc, overrides = _split_nproc(args)
         cfg = compose_config(overrides)
         if nproc is not None:
-            validate_layout(cfg, nproc)
+            from credit.parallel.mesh import resolve_layout
+
+            par = cfg.trainer.parallelism
+            resolve_layout(nproc, par.data, par.tensor)
     except (ConfigError, ValueError) as error:
         return _fail(str(error)), None
     if nproc is not None and nproc > 1:
@@ -76,14 +78,14 @@ def _train(args: Sequence[str]) -> int:
     code, cfg = _compose_or_launch(args, "train")
     if code is not None:
         return code
-    from credit.checkpoint.legacy import LegacyCheckpointError
+    from credit.checkpoint import CheckpointError
     from credit.config import ConfigError
     from credit.data import DataError
     from credit.train import run_training
 
     try:
         run_training(cfg)
-    except (ConfigError, DataError, LegacyCheckpointError, FileExistsError, FileNotFoundError) as error:
+    except (ConfigError, DataError, CheckpointError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     return 0
 
@@ -92,13 +94,14 @@ def _rollout(args: Sequence[str]) -> int:
     code, cfg = _compose_or_launch(args, "rollout")
     if code is not None:
         return code
+    from credit.checkpoint import CheckpointError
     from credit.config import ConfigError
     from credit.data import DataError
     from credit.rollout import RolloutError, run_rollout
 
     try:
         run_rollout(cfg)
-    except (ConfigError, DataError, RolloutError, FileExistsError, FileNotFoundError) as error:
+    except (ConfigError, DataError, CheckpointError, RolloutError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     return 0
 

@@ -1,11 +1,12 @@
-"""Sharded DCP checkpoints: atomic step directories, retention, and the training state they hold."""
+"""Sharded DCP checkpoints: atomic step directories, retention, the training state they hold,
+resuming (train and rollout), strict loading, and legacy weights."""
 
-from credit.checkpoint.legacy import LegacyCheckpointError, convert_checkpoint
-from credit.checkpoint.manager import CheckpointManager, checkpoint_keys, load_checkpoint
+from credit.checkpoint.legacy import convert_checkpoint
+from credit.checkpoint.manager import CheckpointError, CheckpointManager, checkpoint_keys, load_checkpoint
 
 __all__ = [
+    "CheckpointError",
     "CheckpointManager",
-    "LegacyCheckpointError",
     "checkpoint_keys",
     "convert_checkpoint",
     "load_checkpoint",

@@ -20,13 +20,11 @@ import logging
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -34,20 +32,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from credit.checkpoint.manager import (
+    CheckpointError,
     _quiet_single_process,
     checkpoint_keys,
     is_complete_checkpoint,
     load_checkpoint,
 )
+from credit.checkpoint.strict import check_stored_weights, check_weights, model_shapes
+from credit.data import model_layout
 from credit.models import RemapError, build_model, remap_conv_state_dict
 
 log = logging.getLogger(__name__)
 
 _DDP_PREFIX = "module."  # state dicts saved from a DistributedDataParallel wrapper
-
-
-class LegacyCheckpointError(ValueError):
-    """A checkpoint that cannot be read, or whose weights do not fit the model."""
 
 
 def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -64,7 +61,7 @@ def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types; report the first line
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise LegacyCheckpointError(
+        raise CheckpointError(
             f"cannot read {path} as a torch.save checkpoint with weights_only=True: {first}"
         ) from None
     if isinstance(payload, Mapping) and "model_state_dict" in payload:
@@ -73,7 +70,7 @@ def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         state = payload
     else:
         keys = sorted(payload)[:10] if isinstance(payload, Mapping) else type(payload).__name__
-        raise LegacyCheckpointError(
+        raise CheckpointError(
             f"{path} holds neither a dict with 'model_state_dict' nor a bare state dict of "
             f"tensors (found {keys})"
         )
@@ -81,40 +78,6 @@ def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if state and all(k.startswith(_DDP_PREFIX) for k in state):
         state = {k[len(_DDP_PREFIX):]: v for k, v in state.items()}
     return state
-
-
-def check_weights(
-    expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], source: str
-) -> None:
-    """Raise LegacyCheckpointError listing missing/unexpected keys and shape mismatches."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    shapes = sorted(
-        f"{k} {tuple(found[k])} (model: {tuple(expected[k])})"
-        for k in set(expected) & set(found)
-        if tuple(found[k]) != tuple(expected[k])
-    )
-    def listed(names: list[str], limit: int = 10) -> str:
-        # a wholly wrong file would list every parameter: show the first few and a count
-        shown = str(names[:limit])
-        return shown if len(names) <= limit else f"{shown[:-1]}, ... {len(names) - limit} more]"
-
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing keys {listed(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected keys {listed(unexpected)}")
-    if shapes:
-        problems.append(f"{len(shapes)} wrong shapes {listed(shapes)}")
-    if problems:
-        raise LegacyCheckpointError(
-            f"{source} does not fit the model (strict load): {'; '.join(problems)}"
-        )
-
-
-def _model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    # a DTensor's shape is its global shape, so this needs no communication
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def load_legacy_file(model: nn.Module, path: str | Path) -> None:
@@ -126,8 +89,8 @@ def load_legacy_file(model: nn.Module, path: str | Path) -> None:
     try:
         state = remap_conv_state_dict(read_legacy_state_dict(path))
     except RemapError as error:
-        raise LegacyCheckpointError(f"{path}: {error}") from None
-    check_weights(_model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
+        raise CheckpointError(f"{path}: {error}") from None
+    check_weights(model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
     set_model_state_dict(
         model, state, options=StateDictOptions(full_state_dict=True, strict=True)
     )
@@ -144,14 +107,7 @@ def is_weights_only_checkpoint(path: str | Path) -> bool:
 
 def load_weights_only_checkpoint(model: nn.Module, path: str | Path) -> None:
     """Load the `model.*` weights of a DCP directory into `model` (any dp x tp layout)."""
-    path = Path(path)
-    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    stored = {
-        k[len("model."):]: tuple(v.size)
-        for k, v in metadata.items()
-        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
-    }
-    check_weights(_model_shapes(model), stored, str(path))
+    check_stored_weights(model, path)
     state = {"model": get_model_state_dict(model)}
     load_checkpoint(path, state)
     set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
@@ -173,13 +129,6 @@ def load_model_weights(model: nn.Module, path: str | Path) -> bool:
     return False
 
 
-def model_layout(cfg: DictConfig) -> dict[str, Any]:
-    """The data layout `build_model` needs for `cfg` (see `credit.train.data.model_layout`)."""
-    from credit.train.data import model_layout as layout_of
-
-    return layout_of(cfg.data)
-
-
 def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> Path:
     """Write the weights of legacy file `source` as a weights-only DCP directory `out`.
 
@@ -193,7 +142,7 @@ def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> 
         raise FileExistsError(f"{out} already exists; refusing to overwrite it (choose a new path)")
     if not source.is_file():
         raise FileNotFoundError(f"legacy checkpoint {source} is not a file")
-    model = build_model(cfg.model, **model_layout(cfg))
+    model = build_model(cfg.model, **model_layout(cfg.data))
     load_legacy_file(model, source)
     partial = out.with_name(f".partial_{out.name}")
     if partial.exists():

@@ -1,12 +1,17 @@
 """Sharded checkpoints: one `torch.distributed.checkpoint` directory per saved step.
 
 Layout under `<run_dir>/checkpoints/`:
-  step_00000100/        a complete checkpoint (DCP shards + `.metadata`)
+  step_00000100/           a complete checkpoint (DCP shards + `.metadata`)
   .partial_step_00000200/  a save in progress; never read, removed by the next save
+  step_00000100.previous/  the older copy of a step saved again, while the new copy moves
+                           into place; read only when step_00000100/ is absent
 
 A save writes into the partial directory and, once every rank has finished writing,
 rank 0 renames it into place. A crash mid-save therefore leaves the previous complete
-checkpoint untouched, and resume never sees a half-written one.
+checkpoint untouched, and resume never sees a half-written one. Saving a step that
+already exists (a job resumed and stopped at the same step) moves the old copy aside
+under a name that still counts as that step's checkpoint, so a crash between the two
+renames leaves one complete copy to resume from, even with `keep_latest_k=1`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ import torch.distributed.checkpoint as dcp
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_STEP_DIR = re.compile(r"^step_(\d{8})(\.previous)?$")
 _PARTIAL_PREFIX = ".partial_"
+_PREVIOUS_SUFFIX = ".previous"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or whose contents do not fit the run."""
 
 
 def _barrier() -> None:
@@ -69,15 +79,16 @@ class CheckpointManager:
         return self.root / f"step_{step:08d}"
 
     def complete_checkpoints(self) -> list[tuple[int, Path]]:
-        """(step, path) of every complete checkpoint, oldest first."""
+        """(step, path) of every complete checkpoint, oldest first; a step's `.previous`
+        copy stands in for it only while the step's own directory is not complete."""
         if not self.root.is_dir():
             return []
-        found = []
-        for path in self.root.iterdir():
+        found: dict[int, Path] = {}
+        for path in sorted(self.root.iterdir()):  # step_X sorts before step_X.previous
             match = _STEP_DIR.match(path.name)
             if match and is_complete_checkpoint(path):
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+                found.setdefault(int(match.group(1)), path)
+        return sorted(found.items())
 
     def latest(self) -> Path | None:
         checkpoints = self.complete_checkpoints()
@@ -102,17 +113,16 @@ class CheckpointManager:
         return final
 
     def _publish(self, partial: Path, final: Path) -> None:
+        previous = final.with_name(final.name + _PREVIOUS_SUFFIX)
+        if previous.exists() and final.exists():  # left by a crash in an earlier re-save
+            shutil.rmtree(previous)
         if final.exists():
-            # Same step saved again (e.g. after resuming): swap, then drop the old copy, so
-            # some complete checkpoint of this step exists at every moment.
-            stale = final.with_name(f"{_PARTIAL_PREFIX}stale_{final.name}")
-            if stale.exists():
-                shutil.rmtree(stale)
-            final.rename(stale)
-            partial.rename(final)
-            shutil.rmtree(stale)
-        else:
-            partial.rename(final)
+            # Same step saved again: the old copy keeps counting as this step's checkpoint
+            # (complete_checkpoints reads `.previous`) until the new copy is in place.
+            final.rename(previous)
+        partial.rename(final)
+        if previous.exists():
+            shutil.rmtree(previous)
 
     def _retain(self) -> None:
         checkpoints = self.complete_checkpoints()

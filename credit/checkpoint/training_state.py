@@ -1,14 +1,15 @@
 """What a training checkpoint holds, and putting it back.
 
 Keys: `model`, `optim` (sharded, from `get_state_dict`), `ema` (sharded like the model),
-`scheduler`, `progress` (step, epoch, batch_in_epoch: the sampler position), `rng`
-(one entry per rank), `config` (the resolved YAML). Tensors stay DTensors; nothing is
-gathered to rank 0.
+`scheduler`, `progress` (step, epoch, batch_in_epoch: the sampler position, and the global
+batch size it counts in), `config` (the resolved YAML). Tensors stay DTensors; nothing is
+gathered to rank 0. No RNG state is stored: training randomness is a function of (seed,
+dp rank, step) (`credit.parallel.seeding`), so the step alone restores it. Checkpoints
+written before that still hold `rng.rank*` keys, which are never read.
 """
 
 from __future__ import annotations
 
-import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from credit.checkpoint.manager import checkpoint_keys, load_checkpoint
-from credit.train.ema import EMA
-from credit.train.runtime import rng_state, set_rng_state
-
-log = logging.getLogger(__name__)
+from credit.checkpoint.strict import check_stored_weights
+from credit.models.ema import EMA
 
 
 @dataclass
@@ -51,7 +50,6 @@ def training_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ema: EMA | None,
     progress: Progress,
-    rank: int,
     config_yaml: str,
 ) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -65,8 +63,6 @@ def training_state(
             "batch_in_epoch": progress.batch_in_epoch,
             "global_batch_size": progress.global_batch_size,
         },
-        # per-rank keys: DCP keeps a single copy of a value every rank stores under one key
-        "rng": {f"rank{rank}": pickle.dumps(rng_state())},
         "config": config_yaml,
     }
     if ema is not None:
@@ -80,31 +76,24 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ema: EMA | None,
-    rank: int,
-) -> Progress:
-    """Load `path` (any dp x tp layout) into this run's objects; return where it stopped."""
-    state = training_state(model, optimizer, scheduler, ema, Progress(), rank, "")
-    stored = checkpoint_keys(path)
-    if f"rng.rank{rank}" not in stored:
-        state.pop("rng")  # saved under another layout: this rank keeps its fresh runtime seed
-    if ema is not None and not any(k.startswith("ema.") for k in stored):
+) -> tuple[Progress, bool]:
+    """Load `path` (any dp x tp layout) into this run's objects, strictly.
+
+    Returns where the run stopped, and whether the EMA was restored (False when the run
+    has an EMA but the checkpoint holds none: the caller restarts it from the weights).
+    """
+    check_stored_weights(model, path)
+    state = training_state(model, optimizer, scheduler, ema, Progress(), "")
+    ema_restored = ema is not None and any(k.startswith("ema.") for k in checkpoint_keys(path))
+    if ema is not None and not ema_restored:
         state.pop("ema")
-        log.warning("checkpoint %s has no EMA weights; EMA restarts from the loaded weights", path)
-        ema_from_model = True
-    else:
-        ema_from_model = False
     load_checkpoint(path, state)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
     scheduler.load_state_dict(pickle.loads(state["scheduler"]["state"]))
-    if "rng" in state:
-        set_rng_state(pickle.loads(state["rng"][f"rank{rank}"]))
-    if ema is not None and ema_from_model:
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                ema.shadow[name].copy_(param)
     p = state["progress"]
-    return Progress(
+    progress = Progress(
         int(p["step"]), int(p["epoch"]), int(p["batch_in_epoch"]), int(p["global_batch_size"])
     )
+    return progress, ema_restored

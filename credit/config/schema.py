@@ -1,7 +1,10 @@
-"""The structured config: every key a run accepts, with its type and default.
+"""The structured config: every key a run accepts, with its type and its default.
 
-Registered with hydra's ConfigStore as `base_config`, so composing a YAML file or a
-command-line override with a key not declared here fails and names the key.
+This is the one source of defaults. The YAML groups under `credit/conf/` only hold what a
+group chooses differently (e.g. `data/era5.yaml`'s root and periods, `parallelism/*.yaml`'s
+layout); a test keeps them from restating a default. Registered with hydra's ConfigStore
+as `base_config`, so composing a YAML file or a command-line override with a key not
+declared here fails and names the key.
 """
 
 from __future__ import annotations
@@ -10,19 +13,22 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
 
 
 @dataclass
 class ModelConfig:
+    """The wxformer, sized for the embedded 32x64 grid."""
+
     name: str = "wxformer"
-    dim: List[int] = MISSING  # width of each encoder stage
-    depth: List[int] = MISSING  # transformer rounds per stage
+    dim: List[int] = field(default_factory=lambda: [64, 128, 256])  # width of each encoder stage
+    depth: List[int] = field(default_factory=lambda: [1, 1, 1])  # transformer rounds per stage
     dim_head: int = 16
-    local_window_size: List[int] = MISSING
-    global_window_size: List[int] = MISSING
-    cross_embed_kernel_sizes: List[List[int]] = MISSING
-    cross_embed_strides: List[int] = MISSING
+    local_window_size: List[int] = field(default_factory=lambda: [4, 4, 2])
+    global_window_size: List[int] = field(default_factory=lambda: [4, 2, 2])
+    cross_embed_kernel_sizes: List[List[int]] = field(
+        default_factory=lambda: [[2, 4], [2, 4], [2, 4]]
+    )
+    cross_embed_strides: List[int] = field(default_factory=lambda: [2, 2, 2])
     ff_mult: int = 4
     attn_dropout: float = 0.0
     ff_dropout: float = 0.0
@@ -64,6 +70,8 @@ class GenerateConfig:
 
 @dataclass
 class DataConfig:
+    """The embedded synthetic dataset, generated into `root` on first use."""
+
     root: str = "data/embedded"
     generate_if_missing: bool = True
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -90,13 +98,13 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
 
 
 @dataclass
 class CheckpointConfig:
-    every_n_steps: int = 100  # 0: only at the end of the run
+    every_n_steps: int = 120  # 0: only at the end of the run
     keep_latest_k: int = 2
 
 
@@ -106,6 +114,10 @@ class ParallelismConfig:
     tensor: int = 1  # tensor-parallel degree
     activation_checkpointing: bool = False
     mixed_precision: str = "none"  # none | bf16 (bf16 parameters, fp32 gradient reduction)
+    # fsdp2 only: free gathered weights after each unit's forward (gather again for backward)
+    reshard_after_forward: bool = True
+    # fsdp2 only: block (one unit per block) | grouped (one unit per mesh: fewest collectives)
+    shard_granularity: str = "block"
 
 
 @dataclass
@@ -122,16 +134,17 @@ class LossConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 100
+    max_steps: int = 240
     steps_per_job: int = 0  # stop this job after N steps (checkpointed); 0: run to max_steps
     seed: int = 42
     resume: str = "auto"  # auto | never | path to a checkpoint
     device: str = "auto"  # auto | cpu | cuda
-    batch_size: int = 8
+    batch_size: int = 16  # per data-parallel rank
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    valid_every_n_steps: int = 0  # 0: validate only at the end
-    progress_bar: bool = True
+    valid_every_n_steps: int = 120  # 0: validate only at the end
+    progress_bar: bool = True  # tqdm on a terminal; a plain line every log_every_n_steps otherwise
+    log_every_n_steps: int = 50
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -145,8 +158,8 @@ class InitRangeConfig:
     """Init times start, start + every_hours, ... up to end (inclusive); used when
     `rollout.init_times` is empty."""
 
-    start: str = "2001-01-01T00"
-    end: str = "2001-01-01T00"
+    start: str = "${data.valid_period.0}"
+    end: str = "${.start}"
     every_hours: int = 24
 
 
@@ -157,7 +170,7 @@ class RolloutConfig:
     init_times: List[str] = field(default_factory=list)  # ISO times; when given, init_range is unused
     init_range: InitRangeConfig = field(default_factory=InitRangeConfig)
     lead_steps: int = 8  # autoregressive steps of the data's time step
-    output_dir: str = "runs/default/forecasts"
+    output_dir: str = "${run_dir}/forecasts"
     overwrite: bool = False
     complevel: int = 4  # zlib level of the netCDF variables; 0: uncompressed
     skill: bool = True  # skill.csv and plots against the dataset's truth

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 PARALLEL_DATA_MODES = ("fsdp2", "ddp", "none")
 MIXED_PRECISION = ("none", "bf16")
+SHARD_GRANULARITY = ("block", "grouped")
 RESUME_MODES = ("auto", "never")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -40,6 +41,16 @@ def _each(key: str, values: Any, test: Callable[[Any], bool], allowed: str) -> N
         _check(test(value), key, values, allowed)
 
 
+def heads_split_error(heads: int, tensor: int) -> str | None:
+    """The rule for splitting attention over tensor-parallel ranks, stated once (the config
+    check and `Attention._tp_constraints` both use it): each rank owns whole heads.
+    None when `heads` splits over `tensor` ranks, else what would work."""
+    if heads % tensor == 0:
+        return None
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+    return f"each tensor-parallel rank must own whole attention heads; use tensor in {divisors}"
+
+
 def validate_model(model: DictConfig, tensor: int = 1) -> None:
     stages = len(model.dim)
     _check(stages >= 1, "model.dim", model.dim, "give at least one stage width")
@@ -54,9 +65,10 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
         _check(width % model.dim_head == 0, "model.dim_head", model.dim_head,
                f"must divide every stage width (model.dim[{i}]={width})")
         heads = width // model.dim_head
-        _check(heads % tensor == 0, "trainer.parallelism.tensor", tensor,
+        problem = heads_split_error(heads, tensor)
+        _check(problem is None, "trainer.parallelism.tensor", tensor,
                f"must divide the heads of every stage (stage {i} has {heads} heads = "
-               f"model.dim[{i}]={width} / model.dim_head={model.dim_head})")
+               f"model.dim[{i}]={width} / model.dim_head={model.dim_head}); {problem}")
     _each("model.local_window_size", model.local_window_size, lambda w: w >= 1, "must be >= 1")
     _each("model.global_window_size", model.global_window_size, lambda w: w >= 1, "must be >= 1")
     _each("model.cross_embed_strides", model.cross_embed_strides, lambda s: s >= 1, "must be >= 1")
@@ -116,7 +128,7 @@ def validate_trainer(trainer: DictConfig) -> None:
     _check(trainer.device in DEVICES, "trainer.device", trainer.device, f"allowed: {list(DEVICES)}")
     resume = trainer.resume
     _check(resume in RESUME_MODES or os.path.exists(resume), "trainer.resume", resume,
-           f"use 'auto', 'never' or the path of an existing checkpoint")
+           "use 'auto', 'never' or the path of an existing checkpoint")
     opt = trainer.optimizer
     _check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
     _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",
@@ -142,6 +154,16 @@ def validate_trainer(trainer: DictConfig) -> None:
     _check(par.mixed_precision == "none" or par.data != "none",
            "trainer.parallelism.mixed_precision", par.mixed_precision,
            "bf16 needs trainer.parallelism.data=fsdp2 or ddp")
+    _check(par.shard_granularity in SHARD_GRANULARITY, "trainer.parallelism.shard_granularity",
+           par.shard_granularity, f"allowed: {list(SHARD_GRANULARITY)}")
+    _check(par.shard_granularity == "block" or par.data == "fsdp2",
+           "trainer.parallelism.shard_granularity", par.shard_granularity,
+           "grouped needs trainer.parallelism.data=fsdp2")
+    _check(par.reshard_after_forward or par.data == "fsdp2",
+           "trainer.parallelism.reshard_after_forward", par.reshard_after_forward,
+           "false needs trainer.parallelism.data=fsdp2 (only FSDP2 gathers weights)")
+    _check(trainer.log_every_n_steps >= 1, "trainer.log_every_n_steps", trainer.log_every_n_steps,
+           "must be >= 1")
     _check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
            "must be in (0, 1)")
     for weight_name, weight in trainer.loss.variable_weights.items():
@@ -175,17 +197,6 @@ def validate_rollout(rollout: DictConfig) -> None:
                f"must not be before rollout.init_range.start={span.start}")
         _check(span.every_hours >= 1, "rollout.init_range.every_hours", span.every_hours,
                "must be >= 1")
-
-
-def validate_layout(cfg: DictConfig, world_size: int) -> None:
-    """The (dp, tp) split of `world_size` ranks that trainer.parallelism asks for must exist."""
-    from credit.parallel.mesh import resolve_layout
-
-    par = cfg.trainer.parallelism
-    try:
-        resolve_layout(world_size, par.data, par.tensor)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
 
 
 def validate_config(cfg: DictConfig) -> None:

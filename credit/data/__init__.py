@@ -1,8 +1,23 @@
-"""Data layer: ERA5-layout dataset reader, synthetic generator and data-parallel sampler."""
+"""Data layer: ERA5-layout dataset reader, synthetic generator, data-parallel sampler, and
+the adapter from `data.*` to datasets and the model's data layout."""
 
 from .catalog import DataError
 from .dataset import ERA5Dataset, VariableSpec
+from .from_config import build_dataset, ensure_dataset, model_layout, variable_spec
 from .generate import generate_dataset
-from .sampler import DPShardedBatchSampler
+from .latitude import latitude_weights
+from .sampler import DPShardedBatchSampler, evenly_spaced
 
-__all__ = ["DPShardedBatchSampler", "DataError", "ERA5Dataset", "VariableSpec", "generate_dataset"]
+__all__ = [
+    "DPShardedBatchSampler",
+    "DataError",
+    "ERA5Dataset",
+    "VariableSpec",
+    "build_dataset",
+    "ensure_dataset",
+    "evenly_spaced",
+    "generate_dataset",
+    "latitude_weights",
+    "model_layout",
+    "variable_spec",
+]

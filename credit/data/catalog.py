@@ -15,6 +15,7 @@ import xarray as xr
 LAT_NAMES = ("latitude", "lat")
 LON_NAMES = ("longitude", "lon")
 TIME_NAME = "time"
+HOUR_NS = 3_600_000_000_000  # times are int64 nanoseconds since the epoch throughout
 
 
 class DataError(ValueError):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .catalog import (TIME_NAME, DataError, FileInfo, fmt_time, level_index, parse_period, resolve_glob,
+from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, parse_period, resolve_glob,
                       scan_file)
 
 ROLES = ("upper_air", "surface", "forcing", "static", "diagnostic", "mean", "std")
@@ -150,12 +150,12 @@ class ERA5Dataset(torch.utils.data.Dataset):
                         diffs = np.unique(np.diff(info.times))
                         if len(diffs) != 1 or diffs[0] <= 0:
                             raise DataError(f"time axis of {info.path} ({var!r}) is not uniformly increasing; "
-                                            f"steps found (h): {sorted(set(diffs / 3.6e12))[:5]}")
+                                            f"steps found (h): {sorted(set(diffs / HOUR_NS))[:5]}")
                         if step is None:
                             step, step_file = int(diffs[0]), info.path
                         elif diffs[0] != step:
-                            raise DataError(f"time step of {info.path} ({diffs[0] / 3.6e12:g} h) differs from "
-                                            f"{step_file} ({step / 3.6e12:g} h)")
+                            raise DataError(f"time step of {info.path} ({diffs[0] / HOUR_NS:g} h) differs from "
+                                            f"{step_file} ({step / HOUR_NS:g} h)")
                     if role == "upper_air":
                         self._level_idx[(var, info.path)] = [level_index(info, var, lv, self.level_dim)
                                                              for lv in self.levels]
@@ -181,7 +181,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
         data_files = sorted({i.name for w in self._where.values() for i in w[1]})
         if start < first or end >= last + self.step_ns:
             raise DataError(f"period {tuple(period)} lies outside the data: files {data_files} span "
-                            f"{fmt_time(first)} to {fmt_time(last)} every {self.step_ns / 3.6e12:g} h")
+                            f"{fmt_time(first)} to {fmt_time(last)} every {self.step_ns / HOUR_NS:g} h")
         valid = all_times[0]
         for t in all_times[1:]:
             valid = np.intersect1d(valid, t, assume_unique=True)
@@ -193,7 +193,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
         self._starts = valid[ok][::stride]
         if len(self._starts) == 0:
             raise DataError(f"period {tuple(period)} yields no sample of {n} consecutive "
-                            f"{self.step_ns / 3.6e12:g}-hourly times (history_len={self.history_len}, "
+                            f"{self.step_ns / HOUR_NS:g}-hourly times (history_len={self.history_len}, "
                             f"forecast_len={self.forecast_len}) present in all of {data_files}")
 
     def _load_statistics(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 
 
@@ -98,3 +99,10 @@ class DPShardedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 if batch:
                     yield epoch, b, batch
             self.epoch, self.batch_in_epoch = epoch + 1, 0
+
+
+def evenly_spaced(count: int, available: int) -> list[int]:
+    """`count` sample indices spread over `available`, always the same ones (validation and
+    climatology subsets)."""
+    count = min(count, available)
+    return sorted({int(i) for i in np.linspace(0, available - 1, count)})

@@ -1,12 +1,15 @@
 """Models: the Linear-based wxformer and its helpers (padding, spectral norm), and the
 legacy convolutional layout with its state-dict remapping."""
 
-from credit.models.build import build_model, model_spec, tp_planned_modules
+from credit.models.build import build_model, model_spec
+from credit.models.ema import EMA
+from credit.models.inputs import model_input
 from credit.models.legacy import LegacyWXFormer, build_legacy_model
 from credit.models.remap import RemapError, remap_conv_state_dict
 from credit.models.wxformer import WXFormer, WXFormerSpec, apply_spectral_norm
 
 __all__ = [
+    "EMA",
     "LegacyWXFormer",
     "RemapError",
     "WXFormer",
@@ -14,7 +17,7 @@ __all__ = [
     "apply_spectral_norm",
     "build_legacy_model",
     "build_model",
+    "model_input",
     "model_spec",
     "remap_conv_state_dict",
-    "tp_planned_modules",
 ]

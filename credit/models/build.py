@@ -51,8 +51,3 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     if model_cfg.get("use_spectral_norm", False):
         apply_spectral_norm(model)
     return model
-
-
-def tp_planned_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(qualified name, module) for every submodule that declares a `_tp_plan`."""
-    return [(name, m) for name, m in model.named_modules() if getattr(m, "_tp_plan", None)]

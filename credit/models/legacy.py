@@ -40,20 +40,14 @@ class LegacyAttention(nn.Module):
 
     # the window cut, its inverse and the head arithmetic are today's, so both layouts
     # group points and heads identically
+    _init_windows = Attention._init_windows
     _to_windows = Attention._to_windows
     _from_windows = Attention._from_windows
     _attend = Attention._attend
 
     def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> None:
         super().__init__()
-        if kind not in ("local", "global"):
-            raise ValueError(f"attention kind {kind!r} is not 'local' or 'global'")
-        self.dim_head = dim_head
-        self.window = window
-        self.kind = kind
-        self.dropout = dropout
-        inner = (dim // dim_head) * dim_head
-        self.norm = nn.LayerNorm(dim)
+        inner = self._init_windows(dim, dim_head, window, kind, dropout)
         self.to_qkv = nn.Conv2d(dim, 3 * inner, 1, bias=False)
         self.to_out = nn.Conv2d(inner, dim, 1)
 

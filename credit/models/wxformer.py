@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from credit.config.validate import heads_split_error
 from credit.models.padding import EarthPad, required_multiple
 
 
@@ -63,29 +64,33 @@ class Attention(nn.Module):
 
     def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> None:
         super().__init__()
+        inner = self._init_windows(dim, dim_head, window, kind, dropout)
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim)
+
+    def _init_windows(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> int:
+        """Everything but the projections (shared with the legacy layout); returns the
+        projections' inner width, whole heads of `dim_head`."""
         if kind not in ("local", "global"):
             raise ValueError(f"attention kind {kind!r} is not 'local' or 'global'")
         self.dim_head = dim_head
         self.window = window
         self.kind = kind
         self.dropout = dropout
-        inner = (dim // dim_head) * dim_head
         self.norm = nn.LayerNorm(dim)
-        self.to_q = nn.Linear(dim, inner, bias=False)
-        self.to_k = nn.Linear(dim, inner, bias=False)
-        self.to_v = nn.Linear(dim, inner, bias=False)
-        self.to_out = nn.Linear(inner, dim)
+        return (dim // dim_head) * dim_head
 
     @staticmethod
     def _tp_constraints(module: "Attention", tp_size: int) -> None:
         heads = module.to_q.out_features // module.dim_head
-        if heads % tp_size:
-            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        problem = heads_split_error(heads, tp_size)
+        if problem:
             raise ValueError(
                 f"attention with {heads} heads (width {module.to_q.out_features} / "
-                f"model.dim_head={module.dim_head}) is not divisible by "
-                f"trainer.parallelism.tensor={tp_size} (each tensor-parallel rank must own "
-                f"whole heads; use tensor in {divisors})"
+                f"model.dim_head={module.dim_head}) cannot be split over "
+                f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,15 +145,6 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(dim, dim * mult)
         self.down = nn.Linear(dim * mult, dim)
         self.dropout = nn.Dropout(dropout)
-
-    @staticmethod
-    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
-        hidden = module.up.out_features
-        if hidden % tp_size:
-            raise ValueError(
-                f"feed-forward hidden width {hidden} is not divisible by "
-                f"trainer.parallelism.tensor={tp_size}"
-            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.dropout(F.gelu(self.up(self.norm(x)))))

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DATA_MODES = ("fsdp2", "ddp", "none")
+from credit.config.validate import ConfigError
 
 
 @dataclass(frozen=True)
@@ -27,21 +27,20 @@ class ParallelLayout:
 
 
 def resolve_layout(world_size: int, data: str, tensor: int) -> ParallelLayout:
-    """dp = world_size / tensor; raise ValueError naming the key when that cannot work."""
-    if data not in DATA_MODES:
-        raise ValueError(
-            f"trainer.parallelism.data={data!r} is not one of {list(DATA_MODES)}"
-        )
-    if tensor < 1:
-        raise ValueError(f"trainer.parallelism.tensor={tensor} must be >= 1")
+    """dp = world_size / tensor; raise ConfigError naming the key when that cannot work.
+
+    `data` and `tensor` are validated values (`credit.config.validate`: a known mode,
+    tensor >= 1). This is the one home of the rules that depend on the world size: the CLI
+    calls it before launching ranks, and every rank once in `build_runtime`, before any
+    process-group work."""
     if world_size % tensor:
-        raise ValueError(
+        raise ConfigError(
             f"trainer.parallelism.tensor={tensor} does not divide the world size {world_size} "
             f"(dp = world_size / tensor must be whole)"
         )
     dp = world_size // tensor
     if data == "none" and dp > 1:
-        raise ValueError(
+        raise ConfigError(
             f"trainer.parallelism.data='none' with world size {world_size} and tensor={tensor} "
             f"leaves {dp} data-parallel replicas unsynchronised; use data=ddp or fsdp2, or "
             f"tensor={world_size}"

@@ -1,4 +1,4 @@
-"""Which checkpoint a rollout reads, and whether it was trained with this run's model.
+"""Whether a rollout's checkpoint was trained with this run's model.
 
 The model is rebuilt from the run's config, so `model.*` and the keys that shape the model's
 input and output (variables, levels, history length) must equal those stored in the
@@ -13,33 +13,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from credit.checkpoint.manager import CheckpointManager, checkpoint_keys, is_complete_checkpoint, load_checkpoint
+from credit.checkpoint.manager import checkpoint_keys, load_checkpoint
 from credit.rollout.errors import RolloutError
 
 log = logging.getLogger(__name__)
 
 # Keys outside `model.*` that fix the model's channel layout.
 LAYOUT_KEYS = ("data.variables", "data.levels", "data.history_len")
-
-
-def resolve_checkpoint(choice: str, run_dir: str | Path) -> Path:
-    """`auto`: the latest complete checkpoint in run_dir/checkpoints; otherwise the path given.
-    Raises FileNotFoundError naming the key and the place looked in."""
-    if choice == "auto":
-        root = Path(run_dir) / "checkpoints"
-        latest = CheckpointManager(root, keep_latest_k=1).latest()
-        if latest is None:
-            raise FileNotFoundError(
-                f"rollout.checkpoint=auto found no complete checkpoint in {root}; train first "
-                f"(credit train run_dir={run_dir}) or give rollout.checkpoint=PATH")
-        return latest
-    path = Path(choice)
-    if not path.exists():
-        raise FileNotFoundError(f"rollout.checkpoint={choice} does not exist")
-    if not is_complete_checkpoint(path):
-        raise FileNotFoundError(
-            f"rollout.checkpoint={choice} is not a complete DCP checkpoint directory (no .metadata)")
-    return path
 
 
 def stored_config(path: Path) -> DictConfig | None:

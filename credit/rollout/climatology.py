@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
-from credit.train.data import build_dataset
-from credit.train.validation import evenly_spaced
+from credit.data import build_dataset, evenly_spaced
 
 
 def training_climatology(data: DictConfig, samples: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The autoregressive forecast from one init time, assembled exactly as training does.
 
 Lead k+1 feeds the model the newest `history_len` state frames, the forcing at the predicted
-time and the static fields (`credit.train.forecast.model_input`); its prognostic channels
+time and the static fields (`credit.models.model_input`); its prognostic channels
 become the newest frame of lead k+2. Forcing, static fields and truth come from the dataset
 sample that starts k steps after the init's first input frame: its forcing frame
 `history_len` is the predicted time, its target the truth at that time.
@@ -16,9 +16,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from credit.data import ERA5Dataset
-from credit.train.data import variable_spec
-from credit.train.forecast import model_input
+from credit.data import ERA5Dataset, variable_spec
+from credit.models import model_input
 
 
 def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: int) -> ERA5Dataset:

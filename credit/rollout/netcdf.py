@@ -18,9 +18,8 @@ import numpy as np
 import xarray as xr
 from omegaconf import DictConfig
 
-from credit.data.catalog import LAT_NAMES, LON_NAMES, resolve_glob
+from credit.data.catalog import HOUR_NS, LAT_NAMES, LON_NAMES, resolve_glob
 
-_HOUR_NS = 3_600_000_000_000
 _TIME_UNITS = "hours since 1900-01-01 00:00:00"
 _OUTPUT_ROLES = ("upper_air", "surface", "diagnostic")
 
@@ -104,7 +103,7 @@ def write_forecast(ds: xr.Dataset, path: Path, *, complevel: int, overwrite: boo
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass rollout.overwrite=true to replace it")
     step = int(ds["lead_time"].values[0].astype("timedelta64[ns]").astype(np.int64))
-    lead_units = "hours" if step % _HOUR_NS == 0 else "minutes"
+    lead_units = "hours" if step % HOUR_NS == 0 else "minutes"
     encoding: dict[str, dict[str, object]] = {
         "lead_time": {"units": lead_units, "dtype": "int32", "_FillValue": None},
         "valid_time": {"units": _TIME_UNITS, "calendar": "proleptic_gregorian", "_FillValue": None},

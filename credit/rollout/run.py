@@ -19,18 +19,20 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from credit.checkpoint.manager import checkpoint_keys
+from credit.checkpoint.resume import find_checkpoint, load_forecast_weights
+from credit.data import ensure_dataset
+from credit.data.catalog import HOUR_NS
 from credit.logs import configure_logging
-from credit.rollout.checkpoint import check_model_config, resolve_checkpoint
+from credit.parallel import Runtime, build_runtime, shutdown
+from credit.rollout.checkpoint import check_model_config
 from credit.rollout.climatology import training_climatology
 from credit.rollout.errors import RolloutError
 from credit.rollout.forecast import Forecaster, rollout_dataset
-from credit.rollout.model import build_forecast_model, choose_weights, load_weights
+from credit.rollout.model import build_forecast_model, choose_weights
 from credit.rollout.netcdf import forecast_dataset, input_attributes, write_forecast
 from credit.rollout.plots import plot_map, plot_rmse_vs_lead
 from credit.rollout.skill import SkillAccumulator, write_skill_csv
 from credit.rollout.times import check_coverage, data_times, fmt, forecast_filename, init_times, time_step
-from credit.train.data import ensure_dataset
-from credit.train.run import build_runtime
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ def _channels(data: DictConfig) -> list[str]:
 def _plan(cfg: DictConfig) -> _Plan:
     """Every check that can refuse the rollout, in the order a user fixes them."""
     ro = cfg.rollout
-    checkpoint = resolve_checkpoint(ro.checkpoint, cfg.run_dir)
+    checkpoint = find_checkpoint(ro.checkpoint, cfg.run_dir)
     check_model_config(cfg, checkpoint)
     weights = choose_weights(ro.weights, checkpoint_keys(checkpoint), checkpoint)
     inits = init_times(ro)
@@ -102,51 +104,72 @@ def run_rollout(cfg: DictConfig) -> RolloutResult:
     try:
         return _rollout(cfg, runtime)
     finally:
-        if owns_group and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        if owns_group:
+            shutdown()
 
 
-def _rollout(cfg: DictConfig, runtime) -> RolloutResult:
+def _skill_accumulator(cfg: DictConfig, dataset, attributes) -> SkillAccumulator:
+    """Scores against the truth, persistence and the training climatology (rank 0)."""
+    data, ro = cfg.data, cfg.rollout
+    channels = dataset.target_channel_names
+    flat = [*data.variables.surface, *data.variables.diagnostic]
+    units = [str(attributes.variables.get(dataset.variable_of_channel[c], {}).get("units", ""))
+             for c in channels]
+    levels = [lv for _ in data.variables.upper_air for lv in dataset.levels] + [None] * len(flat)
+    return SkillAccumulator(
+        channels=channels, variables=[dataset.variable_of_channel[c] for c in channels],
+        levels=levels, units=units, state_channels=len(dataset.state_channel_names),
+        latitude=dataset.latitude, climatology=training_climatology(data, ro.climatology_samples),
+        lead_steps=ro.lead_steps, step_hours=dataset.step_ns / HOUR_NS)
+
+
+def _global_attributes(cfg: DictConfig, plan: _Plan) -> dict[str, str]:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "title": f"credit {cfg.model.name} forecast",
+        "source": f"credit rollout of {cfg.model.name}, {plan.weights} weights of checkpoint "
+                  f"{plan.checkpoint}; inputs from {cfg.data.root}",
+        "history": f"{now} credit rollout rollout.lead_steps={cfg.rollout.lead_steps} "
+                   f"rollout.checkpoint={plan.checkpoint}",
+    }
+
+
+def _write_skill(result: RolloutResult, skill: SkillAccumulator, plan: _Plan, dataset,
+                 map_fields, lead_steps: int) -> None:
+    out = result.output_dir
+    result.skill = skill.rows()
+    write_skill_csv(result.skill, out / "skill.csv")
+    plot_rmse_vs_lead(result.skill, out / "rmse_vs_lead.png")
+    stamp = forecast_filename(plan.inits[0])[len("forecast_"):-len(".nc")]
+    hours = lead_steps * dataset.step_ns / HOUR_NS
+    plot_map(*map_fields, dataset.latitude, dataset.longitude,
+             f"{plan.map_channel}, init {fmt(plan.inits[0])}, lead {lead_steps} ({hours:g} h)",
+             skill.units[dataset.target_channel_names.index(plan.map_channel)],
+             out / f"map_{plan.map_channel}_{stamp}_lead{lead_steps}.png")
+    log.info("skill (latitude-weighted RMSE, physical units):\n%s", skill_summary(result.skill))
+
+
+def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
     ro, data = cfg.rollout, cfg.data
     ensure_dataset(data, runtime.is_main)
     plan = _plan(cfg)
     _barrier()  # no rank writes before every rank has accepted the request
     dataset = rollout_dataset(data, plan.inits, plan.step, ro.lead_steps)
     model = build_forecast_model(cfg, dataset, runtime)
-    load_weights(model, plan.checkpoint, plan.weights)
+    load_forecast_weights(model, plan.checkpoint, plan.weights)
     forecaster = Forecaster(model, dataset, runtime.device)
-    out = Path(ro.output_dir)
-    result = RolloutResult(plan.checkpoint, plan.weights, out)
+    result = RolloutResult(plan.checkpoint, plan.weights, Path(ro.output_dir))
     main = runtime.is_main
-
-    channels = dataset.target_channel_names
-    upper, flat = list(data.variables.upper_air), [*data.variables.surface, *data.variables.diagnostic]
     attributes = input_attributes(data) if main else None
-    step_hours = dataset.step_ns / 3.6e12
-    skill = None
-    if main and ro.skill:
-        units = [str(attributes.variables.get(dataset.variable_of_channel[c], {}).get("units", ""))
-                 for c in channels]
-        levels = [lv for _ in upper for lv in dataset.levels] + [None] * len(flat)
-        skill = SkillAccumulator(
-            channels=channels, variables=[dataset.variable_of_channel[c] for c in channels],
-            levels=levels, units=units, state_channels=len(dataset.state_channel_names),
-            latitude=dataset.latitude, climatology=training_climatology(data, ro.climatology_samples),
-            lead_steps=ro.lead_steps, step_hours=step_hours)
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    global_attrs = {
-        "title": f"credit {cfg.model.name} forecast",
-        "source": f"credit rollout of {cfg.model.name}, {plan.weights} weights of checkpoint "
-                  f"{plan.checkpoint}; inputs from {data.root}",
-        "history": f"{now} credit rollout rollout.lead_steps={ro.lead_steps} "
-                   f"rollout.checkpoint={plan.checkpoint}",
-    }
-    map_index = channels.index(plan.map_channel)
+    skill = _skill_accumulator(cfg, dataset, attributes) if main and ro.skill else None
+    global_attrs = _global_attributes(cfg, plan)
+    upper, flat = list(data.variables.upper_air), [*data.variables.surface, *data.variables.diagnostic]
+    map_index = dataset.target_channel_names.index(plan.map_channel)
     map_fields = None
     log.info("rollout: %d init time(s) x %d leads of %g h from %s (%s weights) into %s",
-             len(plan.inits), ro.lead_steps, step_hours, plan.checkpoint, plan.weights, out)
-    bar = tqdm(plan.inits, desc="rollout", unit="init", disable=not (main and ro.progress_bar))
-    for init in bar:
+             len(plan.inits), ro.lead_steps, dataset.step_ns / HOUR_NS, plan.checkpoint,
+             plan.weights, result.output_dir)
+    for init in tqdm(plan.inits, desc="rollout", unit="init", disable=not (main and ro.progress_bar)):
         persistence = forecaster.persistence(init) if skill is not None else None
         predictions = []
         for k, (prediction, truth) in enumerate(forecaster.leads(init, ro.lead_steps)):
@@ -156,7 +179,7 @@ def _rollout(cfg: DictConfig, runtime) -> RolloutResult:
                 if init == plan.inits[0] and k == ro.lead_steps - 1:
                     map_fields = (prediction[map_index], truth[map_index])
         if main:
-            path = out / forecast_filename(init)
+            path = result.output_dir / forecast_filename(init)
             ds = forecast_dataset(
                 np.stack(predictions), init=init, step=dataset.step_ns, upper_air=upper,
                 levels=list(data.levels), flat=flat, latitude=dataset.latitude,
@@ -164,21 +187,12 @@ def _rollout(cfg: DictConfig, runtime) -> RolloutResult:
                 global_attrs={**global_attrs, "init_time": fmt(init)})
             write_forecast(ds, path, complevel=ro.complevel, overwrite=ro.overwrite)
             result.forecasts.append(path)
-    bar.close()
     if skill is not None:
-        result.skill = skill.rows()
-        write_skill_csv(result.skill, out / "skill.csv")
-        plot_rmse_vs_lead(result.skill, out / "rmse_vs_lead.png")
-        stamp = forecast_filename(plan.inits[0])[len("forecast_"):-len(".nc")]
-        plot_map(*map_fields, dataset.latitude, dataset.longitude,
-                 f"{plan.map_channel}, init {fmt(plan.inits[0])}, lead {ro.lead_steps} "
-                 f"({ro.lead_steps * step_hours:g} h)", skill.units[map_index],
-                 out / f"map_{plan.map_channel}_{stamp}_lead{ro.lead_steps}.png")
-        log.info("skill (latitude-weighted RMSE, physical units):\n%s", skill_summary(result.skill))
+        _write_skill(result, skill, plan, dataset, map_fields, ro.lead_steps)
     _barrier()
     dataset.close()
     if main:
-        log.info("forecasts in %s (%d files%s)", out, len(result.forecasts),
+        log.info("forecasts in %s (%d files%s)", result.output_dir, len(result.forecasts),
                  ", skill.csv, rmse_vs_lead.png, map" if skill is not None else "")
     return result
 

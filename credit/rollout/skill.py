@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from credit.train.losses import latitude_weights
+from credit.data import latitude_weights
 
 FORECASTS = ("model", "persistence", "climatology")
 COLUMNS = ["lead_step", "lead_hours", "variable", "level", "channel", "units",

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from credit.data.catalog import resolve_glob, scan_file
+from credit.data.catalog import HOUR_NS, resolve_glob, scan_file
 from credit.rollout.errors import RolloutError
 
 _TIME_ROLES = ("upper_air", "surface", "forcing", "diagnostic")
-_HOUR_NS = 3_600_000_000_000
 
 
 def fmt(ns: int) -> str:
@@ -36,7 +35,7 @@ def init_times(rollout: DictConfig) -> list[int]:
     span = rollout.init_range
     start = int(np.datetime64(span.start, "ns").astype(np.int64))
     end = int(np.datetime64(span.end, "ns").astype(np.int64))
-    return list(range(start, end + 1, int(span.every_hours) * _HOUR_NS))
+    return list(range(start, end + 1, int(span.every_hours) * HOUR_NS))
 
 
 def data_times(data: DictConfig) -> np.ndarray:
@@ -71,7 +70,7 @@ def describe_span(times: np.ndarray, step: int, data_root: str) -> str:
     ends = np.concatenate([breaks, [len(times) - 1]])
     runs = [f"{fmt(times[a])} to {fmt(times[b])}" for a, b in zip(starts, ends)]
     shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more spans" if len(runs) > 3 else "")
-    return f"the data under {data_root} span {shown} every {step / _HOUR_NS:g} h"
+    return f"the data under {data_root} span {shown} every {step / HOUR_NS:g} h"
 
 
 def check_coverage(inits: list[int], times: np.ndarray, step: int, history_len: int,

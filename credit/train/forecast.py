@@ -1,4 +1,4 @@
-"""Assemble model inputs from a batch and run the (multi-step) forecast."""
+"""The training loss of a (multi-step) forecast."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-
-def model_input(
-    state: torch.Tensor, forcing: torch.Tensor, static: torch.Tensor
-) -> torch.Tensor:
-    """(B, history_len, C_state, H, W) frames + (B, C_f, H, W) forcing at the predicted time
-    + (B, C_s, H, W) static -> (B, C_in, H, W) in the order the model documents."""
-    frames = state.flatten(1, 2)
-    return torch.cat([frames, forcing, static], dim=1)
+from credit.models.inputs import model_input
 
 
 def forecast_loss(

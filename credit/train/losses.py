@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
-
-
-def latitude_weights(latitude_deg: np.ndarray) -> torch.Tensor:
-    """cos(latitude) normalised to mean 1, so a grid cell counts in proportion to its area."""
-    weights = np.cos(np.deg2rad(np.asarray(latitude_deg, dtype=np.float64)))
-    weights = np.clip(weights, 0.0, None)
-    return torch.as_tensor(weights / weights.mean(), dtype=torch.float32)
 
 
 def channel_weights(

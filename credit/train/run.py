@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-import torch.distributed as dist
 from omegaconf import DictConfig
 
-from credit.config.validate import validate_layout
 from credit.logs import configure_logging
-from credit.parallel import build_device_mesh, init_distributed, launched_world_size, resolve_layout
-from credit.train.runtime import Runtime, resolve_device
+from credit.parallel import build_runtime, shutdown
 from credit.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -34,30 +30,6 @@ def skill_table(results: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def build_runtime(cfg: DictConfig) -> Runtime:
-    """Check the layout, join the process group, build the named (dp, tp) mesh."""
-    device = resolve_device(cfg.trainer.device)
-    validate_layout(cfg, launched_world_size())  # before any process-group work
-    rank, world_size = init_distributed(device)
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    if world_size == 1:
-        return Runtime(device=device)
-    par = cfg.trainer.parallelism
-    layout = resolve_layout(world_size, par.data, par.tensor)
-    mesh = build_device_mesh(layout, device.type)
-    return Runtime(
-        device=device,
-        rank=rank,
-        world_size=world_size,
-        dp_rank=mesh["dp"].get_local_rank(),
-        dp_size=layout.dp,
-        tp_size=layout.tp,
-        layout=layout,
-        mesh=mesh,
-    )
-
-
 def run_training(cfg: DictConfig) -> dict[str, float]:
     """Train on `cfg` (already validated) as this process's rank; return final validation."""
     runtime = build_runtime(cfg)
@@ -70,8 +42,7 @@ def run_training(cfg: DictConfig) -> dict[str, float]:
         trainer.setup()
         results = trainer.fit()
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown()
     if runtime.is_main:
         log.info("final validation (lead 6 h, physical units):\n%s", skill_table(results))
         log.info("results in %s (metrics.csv, loss.png, config.yaml, checkpoints/)", cfg.run_dir)

@@ -1,8 +1,8 @@
-"""The training loop: data -> model -> loss -> step -> metrics -> checkpoint.
+"""The training loop: step -> validate -> checkpoint -> log.
 
-Written for one process today and for the (dp, tp) mesh tomorrow: the sampler shards
-by data-parallel rank only, only rank 0 writes files, and every checkpoint is a sharded
-DCP directory.
+The sampler shards by data-parallel rank only, only rank 0 writes files, every checkpoint
+is a sharded DCP directory, and each step's randomness is reseeded from (seed, dp rank,
+step), so neither restarts nor validation shift it.
 """
 
 from __future__ import annotations
@@ -10,34 +10,42 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
-from credit.checkpoint.legacy import load_model_weights
 from credit.checkpoint.manager import CheckpointManager
-from credit.checkpoint.training_state import Progress, restore_training_state, training_state
-from credit.data import DPShardedBatchSampler
-from credit.models import build_model
+from credit.checkpoint.resume import ResumedRun, resume_source, resume_training
+from credit.checkpoint.training_state import Progress, training_state
+from credit.data import (
+    DPShardedBatchSampler,
+    build_dataset,
+    ensure_dataset,
+    evenly_spaced,
+    latitude_weights,
+    model_layout,
+)
+from credit.models import EMA, build_model
 from credit.parallel import (
+    Runtime,
     clip_grad_norm_,
     parallelize_model,
     seed_for_init,
-    seed_for_runtime,
+    seed_for_step,
     sync_replicated_gradients,
 )
-from credit.train.data import build_dataset, ensure_dataset, model_layout
-from credit.train.ema import EMA
 from credit.train.forecast import forecast_loss
-from credit.train.losses import WeightedMSE, channel_weights, latitude_weights
+from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
-from credit.train.runtime import Runtime
+from credit.train.progress import TrainingProgress
 from credit.train.schedule import warmup_cosine
-from credit.train.validation import evaluate, evenly_spaced, output_channel_variables
+from credit.train.validation import evaluate, output_channel_variables
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,14 @@ class _Batches:
             yield indices
 
 
+@dataclass
+class StepResult:
+    loss: float  # mean over micro-batches and dp replicas
+    grad_norm: float  # global, before clipping
+    lr: float  # the learning rate this step used
+    seconds: float
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, runtime: Runtime) -> None:
         self.cfg = cfg
@@ -63,36 +79,20 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- setup
-    def _decide_resume(self) -> tuple[str, str | None]:
-        """("resume", path), ("fresh", None) or ("refuse", why), judged from the files."""
-        resume = self.cfg.trainer.resume
-        latest = self.checkpoints.latest()
-        if resume == "never":
-            if latest is not None or (self.run_dir / "metrics.csv").exists():
-                return "refuse", (
-                    f"run_dir {self.run_dir} already holds a run; trainer.resume=never would "
-                    f"overwrite it: use trainer.resume=auto to continue it or choose another run_dir"
-                )
-            return "fresh", None
-        if resume == "auto":
-            return ("resume", str(latest)) if latest is not None else ("fresh", None)
-        return "resume", resume
-
-    def _resume_source(self) -> Path | None:
-        # Rank 0 decides for everyone: a slower rank must not look at the run directory
-        # after rank 0 has started writing into it.
-        decision = [self._decide_resume() if self.runtime.is_main else None]
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(decision, src=0)
-        verdict, detail = decision[0]
-        if verdict == "refuse":
-            raise FileExistsError(detail)
-        return Path(detail) if verdict == "resume" else None
-
     def setup(self) -> None:
-        cfg, rt = self.cfg, self.runtime
-        data = cfg.data
-        ensure_dataset(data, rt.is_main)
+        self._build_data()
+        self._build_model()
+        self._build_optimization()
+        source = resume_source(
+            self.cfg.trainer.resume, self.run_dir, self.checkpoints, self.runtime.is_main
+        )
+        if source is not None:
+            self.load(source)
+        self._build_loaders()
+
+    def _build_data(self) -> None:
+        data = self.cfg.data
+        ensure_dataset(data, self.runtime.is_main)
         self.train_set = build_dataset(data, "train_period")
         self.valid_set = build_dataset(data, "valid_period")
         variables = data.variables
@@ -101,9 +101,12 @@ class Trainer:
         )
         self.state_channels = len(self.train_set.state_channel_names)
 
+    def _build_model(self) -> None:
+        cfg, rt = self.cfg, self.runtime
         # fully_shard does not broadcast weights: every rank builds identical full weights.
         seed_for_init(cfg.trainer.seed)
-        self.model = build_model(cfg.model, **model_layout(data, self.train_set)).to(rt.device)
+        layout = model_layout(cfg.data, self.train_set)
+        self.model = build_model(cfg.model, **layout).to(rt.device)
         if rt.mesh is not None:
             par = cfg.trainer.parallelism
             parallelize_model(
@@ -112,11 +115,15 @@ class Trainer:
                 par.data,
                 activation_checkpointing=par.activation_checkpointing,
                 mixed_precision=par.mixed_precision,
+                reshard_after_forward=par.reshard_after_forward,
+                shard_granularity=par.shard_granularity,
             )
-        # Runtime randomness differs per data-parallel replica, never across tp peers.
-        seed_for_runtime(cfg.trainer.seed, rt.dp_rank)
+        ema = cfg.trainer.ema
+        self.ema = EMA(self.model, ema.decay) if ema.enabled else None
 
-        opt = cfg.trainer.optimizer
+    def _build_optimization(self) -> None:
+        trainer, rt = self.cfg.trainer, self.runtime
+        opt = trainer.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=opt.lr,
@@ -124,32 +131,38 @@ class Trainer:
             eps=opt.eps,
             weight_decay=opt.weight_decay,
         )
-        sched = cfg.trainer.scheduler
+        self._choose_foreach()
+        sched = trainer.scheduler
         self.scheduler = warmup_cosine(
-            self.optimizer, sched.warmup_steps, cfg.trainer.max_steps, sched.min_lr_ratio
+            self.optimizer, sched.warmup_steps, trainer.max_steps, sched.min_lr_ratio
         )
         lat_w = latitude_weights(self.train_set.latitude)
-        if not cfg.trainer.loss.latitude_weighting:
+        if not trainer.loss.latitude_weighting:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
         self.loss_fn = WeightedMSE(
-            lat_w, channel_weights(self.channel_variables, cfg.trainer.loss.variable_weights)
+            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights)
         ).to(rt.device)
-
         self.sampler = DPShardedBatchSampler(
             len(self.train_set),
-            cfg.trainer.batch_size,
+            trainer.batch_size,
             dp_rank=rt.dp_rank,
             dp_size=rt.dp_size,
-            seed=cfg.trainer.seed,
+            seed=trainer.seed,
         )
-        ema = cfg.trainer.ema
-        self.ema = EMA(self.model, ema.decay) if ema.enabled else None
-        global_batch = cfg.trainer.batch_size * rt.dp_size
-        self.progress = Progress(global_batch_size=global_batch)
-        source = self._resume_source()
-        if source is not None:
-            self.load(source)
+        self.progress = Progress(global_batch_size=self.sampler.global_batch_size)
+
+    def _choose_foreach(self) -> None:
+        """Batch the optimizer update into a few calls (torch picks foreach on GPU only),
+        except where DTensor's foreach ops refuse a mix of DTensors and plain tensors
+        (tensor parallelism without data parallelism). Set per parameter group, and again
+        after a resume, since optimizer state dicts carry the flag of the run that saved them."""
+        kinds = {isinstance(p, DTensor) for p in self.model.parameters()}
+        for group in self.optimizer.param_groups:
+            group["foreach"] = len(kinds) == 1
+
+    def _build_loaders(self) -> None:
+        data = self.cfg.data
         self.sampler.set_position(self.progress.epoch, self.progress.batch_in_epoch)
         self.loader = DataLoader(
             self.train_set,
@@ -160,7 +173,7 @@ class Trainer:
         valid_indices = evenly_spaced(data.valid_samples, len(self.valid_set))
         self.valid_loader = DataLoader(
             torch.utils.data.Subset(self.valid_set, valid_indices),
-            batch_size=cfg.trainer.batch_size,
+            batch_size=self.cfg.trainer.batch_size,
             shuffle=False,
             num_workers=0,
         )
@@ -173,39 +186,21 @@ class Trainer:
     def save(self) -> Path:
         state = training_state(
             self.model, self.optimizer, self.scheduler, self.ema, self.progress,
-            self.runtime.rank, OmegaConf.to_yaml(self.cfg),
+            OmegaConf.to_yaml(self.cfg),
         )
         path = self.checkpoints.save(self.step, state)
         log.info("saved checkpoint %s", path)
         return path
 
     def load(self, path: Path) -> None:
-        if load_model_weights(self.model, path):
-            # a single file (legacy layout remapped) or a weights-only DCP directory: there is
-            # no optimizer state to map, so the run starts at step 0 from these weights
-            if self.ema is not None:
-                with torch.no_grad():
-                    for name, param in self.model.named_parameters():
-                        self.ema.shadow[name].copy_(param)
-            log.warning(
-                "loaded model weights only from %s: its optimizer state cannot be mapped, so "
-                "the optimizer and scheduler start fresh at step 0", path,
-            )
-            return
-        saved = restore_training_state(
-            path, self.model, self.optimizer, self.scheduler, self.ema, self.runtime.rank
+        run = ResumedRun(
+            self.model, self.optimizer, self.scheduler, self.ema,
+            self.sampler.global_batch_size, self.sampler.batches_per_epoch,
         )
-        global_batch = self.cfg.trainer.batch_size * self.runtime.dp_size
-        self.progress = saved.rescaled(global_batch, self.sampler.batches_per_epoch)
-        if saved.global_batch_size != global_batch:
-            log.warning(
-                "resuming with %d samples per global batch instead of %d: the epoch continues "
-                "from sample %d of its order", global_batch, saved.global_batch_size,
-                self.progress.batch_in_epoch * global_batch,
-            )
-        log.info("resumed from %s at step %d", path, self.step)
+        self.progress = resume_training(path, run)
+        self._choose_foreach()
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ step
     def _advance_position(self) -> None:
         p = self.progress
         p.batch_in_epoch += 1
@@ -221,6 +216,37 @@ class Trainer:
         dist.all_reduce(total, group=mesh["dp"].get_group())
         return float(total) / mesh["dp"].size()
 
+    def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> StepResult:
+        """One optimizer step over `trainer.grad_accum_steps` micro-batches."""
+        trainer, rt = self.cfg.trainer, self.runtime
+        started = time.perf_counter()
+        seed_for_step(trainer.seed, rt.dp_rank, self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = 0.0
+        for _ in range(trainer.grad_accum_steps):
+            batch = {k: v.to(rt.device) for k, v in next(batches).items()}
+            self._advance_position()
+            loss = forecast_loss(self.model, batch, self.loss_fn)
+            (loss / trainer.grad_accum_steps).backward()
+            loss_value += loss.item() / trainer.grad_accum_steps
+        loss_value = self._mean_over_dp(loss_value)  # every rank agrees before deciding
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(
+                f"loss became {loss_value} at step {self.step + 1}; lower "
+                f"trainer.optimizer.lr or enable trainer.grad_clip"
+            )
+        if rt.mesh is not None:
+            sync_replicated_gradients(self.model, rt.mesh["tp"])
+        max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
+        grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.progress.step += 1
+        return StepResult(loss_value, grad_norm, lr, time.perf_counter() - started)
+
     def validate(self) -> dict[str, float]:
         return evaluate(
             self.model,
@@ -233,96 +259,58 @@ class Trainer:
             device=self.runtime.device,
         )
 
-    def _write_config(self) -> None:
+    # ------------------------------------------------------------------ loop
+    def _due(self, every: int, last: bool) -> bool:
+        return last or bool(every and self.step % every == 0)
+
+    def _open_metrics(self) -> MetricsLog | None:
+        """Rank 0 writes the resolved config and (re)opens metrics.csv at this step."""
+        if not self.runtime.is_main:
+            return None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+        variables = list(dict.fromkeys(self.channel_variables))
+        return MetricsLog(self.run_dir / "metrics.csv", variables, self.step or None)
 
     def fit(self) -> dict[str, float]:
-        """Train to `trainer.max_steps`; return the final validation metrics."""
-        cfg, rt = self.cfg, self.runtime
-        trainer = cfg.trainer
-        resumed_at = self.step if self.step > 0 else None
-        metrics = None
-        if rt.is_main:
-            self._write_config()
-            metrics = MetricsLog(
-                self.run_dir / "metrics.csv", list(dict.fromkeys(self.channel_variables)), resumed_at
-            )
+        """Train to `trainer.max_steps` (or `steps_per_job` more steps); return the final
+        validation metrics."""
+        trainer = self.cfg.trainer
+        metrics = self._open_metrics()
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info(
             "training %s (%.2fM parameters) on %s from step %d to %d; %d training samples",
-            cfg.model.name, n_params / 1e6, rt.device, self.step, trainer.max_steps,
-            len(self.train_set),
+            self.cfg.model.name, n_params / 1e6, self.runtime.device, self.step,
+            trainer.max_steps, len(self.train_set),
         )
-        batches = iter(self.loader)
-        bar = tqdm(
-            total=trainer.max_steps,
-            initial=self.step,
-            desc="train",
-            disable=not (rt.is_main and trainer.progress_bar),
-            mininterval=1.0,
-        )
-        self.model.train()
-        results: dict[str, float] = {}
         stop_at = trainer.max_steps
         if trainer.steps_per_job:  # wall-clock-limited jobs: the next submission resumes
             stop_at = min(stop_at, self.step + trainer.steps_per_job)
+        progress = TrainingProgress(
+            trainer.max_steps, self.step, self.runtime.is_main and trainer.progress_bar,
+            trainer.log_every_n_steps,
+        )
+        samples = self.sampler.global_batch_size * trainer.grad_accum_steps
+        batches = iter(self.loader)
+        results: dict[str, float] = {}
+        self.model.train()
         while self.step < stop_at:
-            started = time.perf_counter()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_value = 0.0
-            for _ in range(trainer.grad_accum_steps):
-                batch = {k: v.to(rt.device) for k, v in next(batches).items()}
-                self._advance_position()
-                loss = forecast_loss(self.model, batch, self.loss_fn)
-                (loss / trainer.grad_accum_steps).backward()
-                loss_value += loss.item() / trainer.grad_accum_steps
-            loss_value = self._mean_over_dp(loss_value)  # every rank agrees before deciding
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(
-                    f"loss became {loss_value} at step {self.step + 1}; lower "
-                    f"trainer.optimizer.lr or enable trainer.grad_clip"
-                )
-            if rt.mesh is not None:
-                sync_replicated_gradients(self.model, rt.mesh["tp"])
-            max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
-            grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
-            lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
-            self.scheduler.step()
-            if self.ema is not None:
-                self.ema.update(self.model)
-            self.progress.step += 1
-            elapsed = time.perf_counter() - started
-            samples = trainer.batch_size * trainer.grad_accum_steps * rt.dp_size
+            result = self.train_step(batches)
+            row = dict(step=self.step, epoch=self.progress.epoch, split="train",
+                       loss=result.loss, grad_norm=result.grad_norm, lr=result.lr,
+                       samples_per_s=samples / result.seconds)
             if metrics is not None:
-                metrics.log(
-                    {
-                        "step": self.step,
-                        "epoch": self.progress.epoch,
-                        "split": "train",
-                        "loss": loss_value,
-                        "grad_norm": grad_norm,
-                        "lr": lr,
-                        "samples_per_s": samples / elapsed,
-                    }
-                )
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+                metrics.log(row)
+            progress.update(self.step, result.loss, row["samples_per_s"])
             last = self.step == stop_at
-            every_valid = trainer.valid_every_n_steps
-            if last or (every_valid and self.step % every_valid == 0):
+            if self._due(trainer.valid_every_n_steps, last):
                 results = self.validate()
                 if metrics is not None:
-                    metrics.log(
-                        {"step": self.step, "epoch": self.progress.epoch, "split": "valid", **results}
-                    )
-            every_ckpt = trainer.checkpoint.every_n_steps
-            if last or (every_ckpt and self.step % every_ckpt == 0):
+                    metrics.log({"step": self.step, "epoch": self.progress.epoch,
+                                 "split": "valid", **results})
+            if self._due(trainer.checkpoint.every_n_steps, last):
                 self.save()
-        bar.close()
-        if rt.is_main and (self.run_dir / "metrics.csv").exists():
-            plot_loss(self.run_dir / "metrics.csv", self.run_dir / "loss.png")
-        if not results:  # resumed at max_steps: nothing trained, still report skill
-            results = self.validate()
-        return results
+        progress.close()
+        if metrics is not None:
+            plot_loss(metrics.path, self.run_dir / "loss.png")
+        return results or self.validate()  # resumed at max_steps: still report skill

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from credit.train.forecast import model_input
+from credit.models.inputs import model_input
 
 
 def output_channel_variables(
@@ -18,12 +18,6 @@ def output_channel_variables(
 ) -> list[str]:
     """The variable each output channel belongs to, in the dataset's channel order."""
     return [v for v in upper_air for _ in levels] + list(surface) + list(diagnostic)
-
-
-def evenly_spaced(count: int, available: int) -> list[int]:
-    """`count` sample indices spread over `available`, always the same ones."""
-    count = min(count, available)
-    return sorted({int(i) for i in np.linspace(0, available - 1, count)})
 
 
 @torch.no_grad()

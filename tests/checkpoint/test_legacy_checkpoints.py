@@ -15,19 +15,15 @@ import torch
 import credit
 from omegaconf import OmegaConf
 
-from credit.checkpoint.legacy import (
-    LegacyCheckpointError,
-    convert_checkpoint,
-    load_legacy_file,
-    load_weights_only_checkpoint,
-    model_layout,
-)
+from credit.checkpoint import CheckpointError
+from credit.checkpoint.legacy import convert_checkpoint, load_legacy_file, load_weights_only_checkpoint
+from credit.data import model_layout
 from credit.checkpoint.manager import checkpoint_keys
 from credit.cli import main as credit_main
 from credit.config import compose_config
 from credit.models import build_legacy_model, build_model, remap_conv_state_dict
 from credit.train.metrics import read_metrics
-from credit.train.run import build_runtime
+from credit.parallel import build_runtime
 from credit.train.trainer import Trainer
 
 QKV = "stages.0.layers.0.0.to_qkv.weight"
@@ -40,7 +36,7 @@ def legacy(tmp_path_factory, tiny_data):
 
     root = tmp_path_factory.mktemp("legacy")
     cfg = compose_config(tiny_overrides(tiny_data, f"run_dir={root / 'unused'}"))
-    layout = model_layout(cfg)
+    layout = model_layout(cfg.data)
     torch.manual_seed(1)
     state = build_legacy_model(cfg.model, **layout).state_dict()
     path = root / "legacy.pt"
@@ -95,7 +91,7 @@ def test_strict_load_names_every_bad_key_and_changes_nothing(legacy, tmp_path, e
     path = _save_edited(tmp_path, legacy, edit)
     model = _model(legacy)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(LegacyCheckpointError, match=named) as info:
+    with pytest.raises(CheckpointError, match=named) as info:
         load_legacy_file(model, path)
     assert "\n" not in str(info.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -104,7 +100,7 @@ def test_strict_load_names_every_bad_key_and_changes_nothing(legacy, tmp_path, e
 def test_a_file_without_a_state_dict_is_an_error_naming_it(legacy, tmp_path):
     path = tmp_path / "other.pt"
     torch.save({"epoch": 3, "notes": "no weights"}, path)
-    with pytest.raises(LegacyCheckpointError, match=r"other\.pt holds neither"):
+    with pytest.raises(CheckpointError, match=r"other\.pt holds neither"):
         load_legacy_file(_model(legacy), path)
 
 
@@ -178,7 +174,7 @@ def test_a_converted_checkpoint_for_another_model_is_refused(legacy, tmp_path):
     other = build_model(spectral, **legacy["layout"])
     # every projection and conv weight of the spectral-norm model is missing as weight_orig
     # (u, v too) and present as a plain weight: counted, the first ten named
-    with pytest.raises(LegacyCheckpointError,
+    with pytest.raises(CheckpointError,
                        match=r"\d+ missing keys \[.*'embeds\.0\.convs\.0\.weight_orig'.*more\]; "
                              r"\d+ unexpected keys \[.*'embeds\.0\.convs\.0\.weight'"):
         load_weights_only_checkpoint(other, out)

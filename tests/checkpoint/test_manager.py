@@ -94,3 +94,47 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     # the next save of that step cleans the partial directory and publishes normally
     manager.save(2, {"model": {"w": torch.zeros(64, 64)}, "progress": {"step": 2}})
     assert sorted(p.name for p in root.iterdir()) == ["step_00000002"]
+
+
+KILLED_BETWEEN_RENAMES = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from pathlib import Path
+    from credit.checkpoint.manager import CheckpointManager
+
+    manager = CheckpointManager(sys.argv[1], keep_latest_k=1)
+    manager.save(5, {"model": {"w": torch.ones(8, 8)}})
+    renames = []
+    real_rename = Path.rename
+
+    def rename_then_die(self, target):
+        # The re-save of step 5 renames twice (old copy aside, new copy into place):
+        # die right before the second, the one moment the old code had no checkpoint.
+        if Path(self).parent == Path(sys.argv[1]):  # not DCP's own renames of shard files
+            renames.append(target)
+        if len(renames) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_rename(self, target)
+
+    Path.rename = rename_then_die
+    manager.save(5, {"model": {"w": torch.full((8, 8), 2.0)}})
+    """
+)
+
+
+def test_a_kill_while_resaving_a_step_with_keep_1_keeps_a_complete_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    child = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, str(root)], timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert not (root / "step_00000005").exists()  # killed between the two renames
+    manager = CheckpointManager(root, keep_latest_k=1)
+    latest = manager.latest()
+    assert latest is not None and manager.complete_checkpoints()[-1][0] == 5
+    loaded = {"model": {"w": torch.zeros(8, 8)}}
+    load_checkpoint(latest, loaded)
+    assert torch.equal(loaded["model"]["w"], torch.ones(8, 8))
+    # saving that step again publishes it under its own name and drops the old copy
+    manager.save(5, {"model": {"w": torch.full((8, 8), 3.0)}})
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000005"]
+    load_checkpoint(manager.latest(), loaded)
+    assert torch.equal(loaded["model"]["w"], torch.full((8, 8), 3.0))

@@ -115,3 +115,42 @@ def test_configs_ship_inside_a_non_editable_install(tmp_path):
                             env={**os.environ, "PYTHONPATH": env_path, "PYTHONSAFEPATH": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["wxformer", "3"]
+
+
+def test_yaml_groups_never_restate_a_schema_default():
+    """One source of defaults: a group file holds only what it changes (schema.py has the rest)."""
+    from pathlib import Path
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from credit.config.schema import Config
+
+    conf = Path(__file__).resolve().parents[2] / "credit" / "conf"
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config))
+    restated = []
+    checked = 0
+    for path in sorted(conf.glob("*/*.yaml")):
+        text = path.read_text()
+        package = path.parent.name
+        first = text.splitlines()[0] if text else ""
+        if first.startswith("# @package "):
+            package = first[len("# @package "):].strip()
+        node = defaults
+        for part in package.split("."):
+            node = node[part]
+
+        def walk(values, base, where):
+            nonlocal checked
+            for key, value in (values or {}).items():
+                assert key in base, f"{path}: {where}{key} is not a schema key"
+                if isinstance(value, dict):
+                    walk(value, base[key], f"{where}{key}.")
+                else:
+                    checked += 1
+                    if value == base[key]:
+                        restated.append(f"{path.relative_to(conf)}: {where}{key}={value!r}")
+
+        walk(yaml.safe_load(text), node, f"{package}.")
+    assert checked >= 8  # era5 and the parallelism layouts do change things
+    assert not restated, restated

@@ -6,9 +6,10 @@ from torch import nn
 
 from tiny import SMALL_MODEL as SMALL
 
-from credit.models import WXFormer, build_model, tp_planned_modules
+from credit.models import WXFormer, build_model
 from credit.models.padding import EarthPad
 from credit.models.wxformer import Attention, FeedForward
+from credit.parallel.tensor_parallel import _check_block, planned_blocks
 
 
 
@@ -57,7 +58,7 @@ def test_residual_adds_change_to_last_input_frame(history_len):
 
 def test_every_planned_path_is_a_linear_and_every_transformer_block_has_a_plan():
     model = small_model(depth=[2, 1])
-    planned = tp_planned_modules(model)
+    planned = planned_blocks(model)
     # 2 attentions + 2 feed-forwards per round; rounds = 2 + 1
     assert len(planned) == 4 * 3
     kinds = {type(m) for _, m in planned}
@@ -66,7 +67,8 @@ def test_every_planned_path_is_a_linear_and_every_transformer_block_has_a_plan()
         assert set(module._tp_plan.values()) <= {"colwise", "rowwise"}
         for path in module._tp_plan:
             assert isinstance(module.get_submodule(path), nn.Linear), path
-        assert callable(module._tp_constraints)
+        if isinstance(module, Attention):
+            assert callable(module._tp_constraints)
 
 
 def test_tp_constraints_name_heads_and_allowed_degrees():
@@ -76,8 +78,9 @@ def test_tp_constraints_name_heads_and_allowed_degrees():
     with pytest.raises(ValueError, match=r"6 heads.*tensor=4.*\[1, 2, 3, 6\]"):
         Attention._tp_constraints(attention, 4)
     ff = FeedForward(dim=6, mult=1, dropout=0.0)
-    with pytest.raises(ValueError, match="hidden width 6.*tensor=4"):
-        FeedForward._tp_constraints(ff, 4)
+    with pytest.raises(ValueError, match=r"ff\.up \(colwise\) has out_features=6, not divisible by "
+                                         r"trainer\.parallelism\.tensor=4"):
+        _check_block("ff", ff, 4)
 
 
 @pytest.mark.parametrize("kind", ["local", "global"])

@@ -43,8 +43,6 @@ def test_it_really_clips_and_handles_no_grads():
     "world, data, tensor, named",
     [
         (4, "fsdp2", 3, "trainer.parallelism.tensor=3 does not divide the world size 4"),
-        (4, "fsdp2", 0, "trainer.parallelism.tensor=0"),
-        (4, "horovod", 2, "trainer.parallelism.data='horovod'"),
         (4, "none", 2, "trainer.parallelism.data='none'"),
     ],
 )

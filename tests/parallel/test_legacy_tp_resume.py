@@ -11,7 +11,7 @@ from credit.checkpoint.legacy import convert_checkpoint, model_layout
 from credit.config import compose_config
 from credit.models import build_legacy_model, remap_conv_state_dict
 from credit.train.metrics import read_metrics
-from credit.train.run import build_runtime
+from credit.parallel import build_runtime
 from credit.train.trainer import Trainer
 
 Q = "stages.0.layers.0.0.to_q.weight"

@@ -35,6 +35,8 @@ def parity_runs(tiny_data, tmp_path_factory):
     base = tiny_overrides(tiny_data, "trainer.max_steps=20", "trainer.batch_size=2",
                           "trainer.checkpoint.every_n_steps=10", "data.valid_samples=4")
     tp1 = _credit_train(2, *base, "parallelism=fsdp2", f"run_dir={root / 'tp1'}")
+    # one process with the same global batch (2 dp ranks x 2 samples)
+    _credit_train(1, *base, "trainer.batch_size=4", f"run_dir={root / 'serial'}")
     # resume=never on every rank: the decision must not race rank 0's first writes
     tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
                         f"run_dir={root / 'tp2'}")
@@ -57,6 +59,15 @@ def test_tp1_and_tp2_losses_match(parity_runs):
     assert "dp 2 x tp 2" in parity_runs["tp2"].stdout
 
 
+def test_one_process_and_dp2_tp2_losses_match_within_the_readme_tolerance(parity_runs):
+    """README: the default experiment in one process and on dp2 x tp2 gives the same
+    per-step losses within 1e-5 relative (float32 reassociation in the reductions)."""
+    root = parity_runs["root"]
+    result = _check(root / "serial", root / "tp2", "--rtol", "1e-5")
+    assert result.returncode == 0, result.stdout
+    assert _check(root / "serial", root / "tp2", "--exact").returncode == 1  # not trivially equal
+
+
 def test_tp2_resume_continues_the_same_losses(parity_runs):
     root = parity_runs["root"]
     result = _check(root / "tp2", root / "tp2_resumed", "--exact")
@@ -64,7 +75,7 @@ def test_tp2_resume_continues_the_same_losses(parity_runs):
 
 
 def test_only_rank_zero_writes_one_run_directory(parity_runs):
-    for run in ("tp1", "tp2", "tp2_resumed"):
+    for run in ("tp1", "tp2", "tp2_resumed", "serial"):
         names = sorted(p.name for p in (parity_runs["root"] / run).iterdir())
         assert names == ["checkpoints", "config.yaml", "loss.png", "metrics.csv"], names
     assert not (parity_runs["root"] / "outputs").exists()  # no hydra timestamp directories

@@ -72,7 +72,7 @@ def test_loading_is_strict_and_names_the_keys(trained_run, tmp_path, capsys):
     edited = tmp_path / "step_00000001"
     err = refuse(capsys, overrides(f"rollout.checkpoint={edited}",
                                    f"rollout.output_dir={tmp_path / 'out'}"))
-    assert "does not fit the model: missing model.head.weight; unexpected model.extra.weight" in err
+    assert "does not fit the model (strict load): 1 missing keys ['head.weight']; 1 unexpected keys ['extra.weight']" in err
     err = refuse(capsys, overrides(f"rollout.checkpoint={edited}", "rollout.weights=ema",
                                    f"rollout.output_dir={tmp_path / 'out'}"))
     assert "rollout.weights=ema but checkpoint" in err and "holds no EMA weights" in err

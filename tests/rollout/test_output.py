@@ -13,8 +13,8 @@ from credit.checkpoint.manager import load_checkpoint
 from credit.config import compose_config
 from credit.models import build_model
 from credit.rollout import run_rollout
-from credit.train.data import build_dataset
-from credit.train.forecast import model_input
+from credit.data import build_dataset
+from credit.models import model_input
 
 UPPER, SURFACE, LEVELS = ["U", "V", "T", "Q"], ["SP", "t2m"], [500.0, 850.0]
 

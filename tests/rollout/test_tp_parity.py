@@ -9,7 +9,7 @@ from tiny import tiny_overrides
 from credit.config import compose_config
 from credit.rollout import run_rollout
 from credit.rollout.skill import read_skill_csv
-from credit.train.run import build_runtime
+from credit.parallel import build_runtime
 from credit.train.trainer import Trainer
 
 INITS = "[2001-01-02T00,2001-01-04T06]"

@@ -2,7 +2,8 @@
 
 The shadow copies are clones of the live parameters, so under tensor parallelism or
 FSDP2 they are DTensors with the same placements: each rank keeps only its shard, the
-update is local, and DCP saves and reshards them like the model.
+update is local, and DCP saves and reshards them like the model. Training updates it;
+checkpoints save and restore it; rollout copies it into the model to forecast with it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ from torch import nn
 
 class EMA:
     def __init__(self, model: nn.Module, decay: float) -> None:
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"trainer.ema.decay={decay} must be in (0, 1)")
-        self.decay = decay
+        self.decay = decay  # validated in (0, 1) with the config
         self.shadow = {name: p.detach().clone() for name, p in model.named_parameters()}
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         for name, param in model.named_parameters():
             self.shadow[name].lerp_(param.detach(), 1.0 - self.decay)
+
+    @torch.no_grad()
+    def reset_to(self, model: nn.Module) -> None:
+        """Restart the averages from the model's current weights (e.g. weights just loaded)."""
+        for name, param in model.named_parameters():
+            self.shadow[name].copy_(param)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.shadow

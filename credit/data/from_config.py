@@ -1,4 +1,6 @@
-"""Build the training and validation datasets from `data.*`, generating the embedded one."""
+"""The config-to-data adapter shared by training, rollout and checkpoint conversion:
+`data.*` -> datasets (generating the embedded one on first use) -> the data layout the
+model is built for."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from credit.data import ERA5Dataset, VariableSpec, generate_dataset
+from credit.data.dataset import ERA5Dataset, VariableSpec
+from credit.data.generate import generate_dataset
 
 log = logging.getLogger(__name__)
 
