@@ -7,7 +7,8 @@ from tiny import tiny_overrides
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor, Shard
 
-from credit.checkpoint.legacy import convert_checkpoint, model_layout
+from credit.checkpoint.legacy import convert_checkpoint
+from credit.data import model_layout
 from credit.config import compose_config
 from credit.models import build_legacy_model, remap_conv_state_dict
 from credit.train.metrics import read_metrics
@@ -48,7 +49,7 @@ def test_legacy_weights_load_bitwise_into_fsdp2_tp2_and_training_runs(tiny_data,
                           "trainer.max_steps=2", "trainer.ema.enabled=true")
     cfg = compose_config([*base, f"run_dir={tmp_path / 'unused'}"])
     torch.manual_seed(3)
-    legacy_state = build_legacy_model(cfg.model, **model_layout(cfg)).state_dict()
+    legacy_state = build_legacy_model(cfg.model, **model_layout(cfg.data)).state_dict()
     legacy_file = tmp_path / "legacy.pt"
     torch.save({"model_state_dict": legacy_state, "epoch": 12}, legacy_file)
     converted = convert_checkpoint(legacy_file, tmp_path / "converted", cfg)
