@@ -24,9 +24,30 @@ real 6-hour map to discover and persistence is clearly imperfect:
 
 All randomness (wave numbers, phases, continents, mountains) is drawn once from
 ``numpy.random.default_rng(seed)``; the integration itself is deterministic.
+
+Performance notes. The generator takes tens of thousands of hourly steps on small grids, so the
+stepping code is written for speed, under one rule: every value is bitwise the same as with the
+plain formulas (as in the docstrings and comments), because datasets written before must stay
+reproducible. Each arithmetic expression keeps its operation order and operand types, so the
+code only changes *where* things are computed, never *how*:
+
+* Everything that depends on time only (winds, departure points, interpolation indices and
+  weights, radiation) is computed by :meth:`ToyAtmosphere.advance` for a batch of steps at once,
+  with a leading time axis; only the state update runs step by step.
+* Constants (per grid, per wave mode, per step length) are cached once.
+* The time loop works in place (``out=``) in preallocated buffers: large fresh arrays come from
+  mmap and pay a page fault per 4 KiB on first touch.
+* np.roll / fancy indexing / np.mod / np.rad2deg are replaced by equivalent but faster
+  operations (shifted adds on flattened arrays, flat ``np.take``, np.mod only where it is not
+  the identity, the multiply np.rad2deg is defined as).
+
+When changing anything here, check that a generated dataset is still bitwise identical to one
+written before the change.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -38,6 +59,9 @@ LATENT_OVER_CP = 2.501e6 / 1004.0  # K per (kg kg-1)
 SOLAR_CONSTANT = 1361.0  # W m-2
 LAPSE_RATE = 6.5e-3  # K m-1
 NS_PER_DAY = 86_400 * 10**9
+_BATCH_STEPS = 24  # at most this many steps have their state-independent forcing computed together
+_BATCH_BYTES = 64 * 2**20  # ... and the forcing buffers of a batch stay within about this size
+_RAD2DEG = 180.0 / np.pi  # np.rad2deg(x) is defined as x * (180 / pi); the multiply is much faster
 
 
 def solar_geometry(time_ns: np.ndarray | int) -> tuple[float, float, float]:
@@ -46,14 +70,20 @@ def solar_geometry(time_ns: np.ndarray | int) -> tuple[float, float, float]:
     Declination and eccentricity use the usual first-harmonic approximations in the
     fractional day of year; the equation of time is neglected.
     """
-    t = np.datetime64(int(time_ns), "ns")
+    dec, dist, hour = _solar_geometry(np.array([int(time_ns)], np.int64))
+    return float(dec[0]), float(dist[0]), float(hour[0])
+
+
+def _solar_geometry(time_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`solar_geometry` for an int64 array of times [ns] (elementwise the same operations)."""
+    t = time_ns.astype("datetime64[ns]")
     year_start = t.astype("datetime64[Y]").astype("datetime64[ns]")
     day = (t - year_start).astype(np.int64) / NS_PER_DAY  # fractional, 0 at Jan 1 00 UTC
     hour = (t - t.astype("datetime64[D]").astype("datetime64[ns]")).astype(np.int64) / 3.6e12
     gamma = 2.0 * np.pi * day / 365.25
     declination = np.deg2rad(-23.44) * np.cos(gamma + 2.0 * np.pi * 10.0 / 365.25)
     distance_factor = 1.0 + 0.033 * np.cos(gamma)
-    return float(declination), float(distance_factor), float(hour)
+    return declination, distance_factor, hour
 
 
 def toa_irradiance(time_ns: int, lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
@@ -65,7 +95,15 @@ def toa_irradiance(time_ns: int, lat_deg: np.ndarray, lon_deg: np.ndarray) -> np
     dec, dist, hour = solar_geometry(time_ns)
     phi = np.deg2rad(lat_deg)[:, None]
     h = np.deg2rad(15.0 * (hour - 12.0) + np.asarray(lon_deg))[None, :]
-    cos_zen = np.sin(phi) * np.sin(dec) + np.cos(phi) * np.cos(dec) * np.cos(h)
+    return _toa(np.sin(phi), np.cos(phi), np.cos(h), dec, dist)
+
+
+def _toa(sin_phi: np.ndarray, cos_phi: np.ndarray, cos_h: np.ndarray, dec, dist) -> np.ndarray:
+    """TOA irradiance from sin/cos of latitude (H, 1), cos of the hour angle and the solar geometry.
+
+    ``dec`` and ``dist`` are scalars, or (T, 1, 1) with ``cos_h`` (T, 1, W) for a batch of times.
+    """
+    cos_zen = sin_phi * np.sin(dec) + cos_phi * np.cos(dec) * cos_h
     return SOLAR_CONSTANT * dist * np.maximum(cos_zen, 0.0)
 
 
@@ -73,15 +111,34 @@ def daily_mean_irradiance(time_ns: int, lat_deg: np.ndarray) -> np.ndarray:
     """Daily-mean top-of-atmosphere irradiance [W m-2] per latitude (shape (H, 1))."""
     dec, dist, _ = solar_geometry(time_ns)
     phi = np.deg2rad(lat_deg)[:, None]
-    h0 = np.arccos(np.clip(-np.tan(phi) * np.tan(dec), -1.0, 1.0))
-    return SOLAR_CONSTANT * dist / np.pi * (h0 * np.sin(phi) * np.sin(dec) + np.cos(phi) * np.cos(dec) * np.sin(h0))
+    return _daily_mean(np.sin(phi), np.cos(phi), -np.tan(phi), dec, dist)
 
 
-def saturation_specific_humidity(temp: np.ndarray, pressure_pa: np.ndarray) -> np.ndarray:
-    """Saturation specific humidity [kg kg-1] from a Tetens/Bolton vapour pressure over water."""
-    e_s = 611.2 * np.exp(17.67 * (temp - 273.15) / (temp - 29.65))
-    e_s = np.minimum(e_s, 0.5 * pressure_pa)  # keep q_sat finite in very hot, low-pressure air
-    return 0.622 * e_s / (pressure_pa - 0.378 * e_s)
+def _daily_mean(sin_phi: np.ndarray, cos_phi: np.ndarray, neg_tan_phi: np.ndarray, dec, dist) -> np.ndarray:
+    """Daily-mean TOA irradiance from latitude factors (H, 1) and the (scalar or (T, 1, 1)) geometry."""
+    h0 = np.arccos(np.clip(neg_tan_phi * np.tan(dec), -1.0, 1.0))
+    return SOLAR_CONSTANT * dist / np.pi * (h0 * sin_phi * np.sin(dec) + cos_phi * np.cos(dec) * np.sin(h0))
+
+
+def saturation_specific_humidity(temp: np.ndarray, pressure_pa: np.ndarray, *, out: np.ndarray | None = None,
+                                 work: np.ndarray | None = None) -> np.ndarray:
+    """Saturation specific humidity [kg kg-1] from a Tetens/Bolton vapour pressure over water.
+
+    ``611.2 exp(17.67 (T - 273.15) / (T - 29.65))`` capped at half the pressure, then
+    ``0.622 e_s / (p - 0.378 e_s)``. ``out`` and ``work`` (float64, the broadcast shape) optionally
+    receive the result and serve as scratch, so the time loop allocates nothing.
+    """
+    if out is None:
+        out = np.empty(np.broadcast_shapes(np.shape(temp), np.shape(pressure_pa)))
+    if work is None:
+        work = np.empty_like(out)
+    e_s = np.multiply(17.67, np.subtract(temp, 273.15, out=out), out=out)
+    np.divide(e_s, np.subtract(temp, 29.65, out=work), out=e_s)
+    np.multiply(611.2, np.exp(e_s, out=e_s), out=e_s)
+    np.minimum(e_s, 0.5 * pressure_pa, out=e_s)  # keep q_sat finite in very hot, low-pressure air
+    denominator = np.subtract(pressure_pa, np.multiply(0.378, e_s, out=work), out=work)
+    q_sat = np.divide(np.multiply(0.622, e_s, out=e_s), denominator, out=e_s)
+    return q_sat if q_sat.ndim else q_sat[()]  # a scalar for scalar arguments
 
 
 def _smooth_sphere_field(rng: np.random.Generator, lat_deg, lon_deg, n_bumps: int, width: tuple[float, float]):
@@ -115,7 +172,8 @@ class ToyAtmosphere:
     """State and tendencies of the toy atmosphere on a regular (lat, lon) grid.
 
     ``levels_hpa`` may be in any order; arrays use that order on axis 0.
-    The state is advanced with :meth:`step` (``dt`` seconds) and read with :meth:`snapshot`.
+    The state is advanced with :meth:`step` or :meth:`advance` (``dt`` seconds per step) and read
+    with :meth:`snapshot`.
     """
 
     def __init__(self, lat_deg: np.ndarray, lon_deg: np.ndarray, levels_hpa, seed: int):
@@ -154,34 +212,139 @@ class ToyAtmosphere:
         self.mod_phase = rng.uniform(0.0, 2.0 * np.pi, n_modes)
         self.vert = (0.45 + 0.55 * np.clip((1000.0 - self.p) / 700.0, 0.0, 1.0))  # (L,1,1)
         self.state: dict[str, np.ndarray] | None = None
+        self._waves = self._wave_constants()
+        self._cache_grid_constants()
+
+    def _wave_constants(self) -> dict[str, np.ndarray]:
+        """Time-independent factors of the wave modes for :meth:`_winds`.
+
+        Each is computed for one mode at a time, exactly as in the per-mode formulas, then stacked on
+        a leading mode axis and shaped to broadcast with (mode, time, level, lat, lon).
+        """
+        s, c = self.sin[None], self.cos[None]
+        per_mode = []
+        for m, b, tilt in zip(self.m, self.asym, self.tilt):
+            per_mode.append(dict(
+                lam=m * self.lam[None],
+                tilt=tilt * (self.p - 500.0) / 500.0,
+                shape=c**m * s**2 * (1.0 + b * s),  # P(phi)
+                dshape=-m * c ** (m - 1) * s**3 * (1.0 + b * s) + c ** (m + 1) * s * (2.0 + 3.0 * b * s),
+                c_m1=c ** (m - 1),
+                bs=1.0 + b * s,
+            ))
+        waves = {key: np.stack([d[key] for d in per_mode])[:, None] for key in per_mode[0]}
+        column = (slice(None), None, None, None, None)  # (K,) -> (K, 1, 1, 1, 1)
+        waves.update(amp=(self.vel * EARTH_RADIUS / self.m)[:, None], mod_freq=self.mod_freq[:, None],
+                     mod_phase=self.mod_phase[:, None], omega=self.omega[column], phase=self.phase[column],
+                     m=self.m[column], s2=s**2)
+        return waves
+
+    def _cache_grid_constants(self) -> None:
+        """Grid, level and land-sea factors of the tendencies that never change during a run."""
+        day = 86400.0
+        sigma = self.p / 1000.0
+        self._season_scale = 12.0 * self.sin  # factors of the equilibrium temperature
+        self._sin_tilt = np.sin(np.deg2rad(23.44))
+        self._t_base = 305.0 - 60.0 * self.sin**2
+        self._t_log = 10.0 * np.log(self.p / 1000.0) * self.cos**2
+        self._sigma_pow = (self.p / 1000.0) ** 0.19
+        # Newtonian cooling rate: fast near the surface (4 d), slow aloft (40 d).
+        self._k_t = 1.0 / (40 * day) + (1.0 / (4 * day) - 1.0 / (40 * day)) * np.clip((sigma - 0.7) / 0.3, 0.0, 1.0)
+        self._depth = np.clip((self.p - 400.0) / 600.0, 0.0, 1.0) ** 3  # (L,1,1), heating and moistening
+        self._moistening = 0.15 + 0.85 * self._depth
+        self._evaporation = 1.0 - 0.6 * self.lsm
+        self._p_pa = self.p * 100.0
+        self._neg_tan_phi = -np.tan(np.deg2rad(self.lat)[:, None])
+        n_lat, n_lon = len(self.lat), len(self.lon)
+        # Broadcast to full (L, H, W) copies: numpy loops much faster over whole arrays than rows.
+        full = (len(self.p), n_lat, n_lon)
+        self._earth_cos = np.broadcast_to(EARTH_RADIUS * np.maximum(self.cos, np.cos(np.deg2rad(89.0))), full).copy()
+        self._lam = np.broadcast_to(self.lam, full).copy()
+        self._phi = np.broadcast_to(np.deg2rad(self.lat)[:, None], full).copy()
+        self._level_base = np.arange(len(self.p), dtype=float)[:, None, None] * (n_lat * n_lon)  # flat offsets
+        self._cos_hour: dict[float, np.ndarray] = {}  # cos(hour angle) on the grid, per UTC hour
+        self._by_dt: dict[float, dict] = {}
+        self._work: _Workspace | None = None
+        self._batch: _Forcing | None = None
+
+    def _step_constants(self, dt: float) -> dict:
+        """Tendency factors that depend on the step length only (cached per ``dt``); see :meth:`_tendencies`."""
+        if dt not in self._by_dt:
+            day = 86400.0
+            self._by_dt[dt] = dict(
+                relax=dt * self._k_t,
+                heat=dt / day * 0.02 * self._depth * (0.3 + 0.7 * self.lsm),
+                condense=1.0 - np.exp(-dt / (3 * 3600.0)),
+                nu=0.01 * dt / 3600.0,
+                skin_gain=dt * (4.2e-3 / 3600.0 * (0.2 + 0.8 * self.lsm)),
+                skin_decay=np.exp(-dt / (3 * 3600.0)),
+            )
+        return self._by_dt[dt]
 
     # ----------------------------------------------------------------- flow
     def flow(self, t_sec: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Winds u, v [m s-1] and streamfunction [m2 s-1], each (L, H, W), at model time ``t_sec``."""
-        s, c = self.sin[None], self.cos[None]
-        u = np.broadcast_to(self.u_jet, (len(self.p), len(self.lat), len(self.lon))).copy()
-        v = np.zeros_like(u)
-        psi = np.broadcast_to(self.psi_jet, u.shape).copy()
-        for k in range(len(self.m)):
-            m, b = self.m[k], self.asym[k]
-            amp = self.vel[k] * EARTH_RADIUS / m * (1.0 + 0.35 * np.sin(self.mod_freq[k] * t_sec + self.mod_phase[k]))
-            amp = amp * self.vert
-            arg = m * self.lam[None] - self.omega[k] * t_sec + self.phase[k] + self.tilt[k] * (self.p - 500.0) / 500.0
-            cos_arg, sin_arg = np.cos(arg), np.sin(arg)
-            shape = c**m * s**2 * (1.0 + b * s)  # P(phi)
-            dshape = -m * c ** (m - 1) * s**3 * (1.0 + b * s) + c ** (m + 1) * s * (2.0 + 3.0 * b * s)
-            psi += amp * shape * cos_arg
-            u -= amp * dshape * cos_arg / EARTH_RADIUS
-            v -= amp * m * c ** (m - 1) * s**2 * (1.0 + b * s) * sin_arg / EARTH_RADIUS
-        return u, v, psi
+        shape = (1, len(self.p), len(self.lat), len(self.lon))
+        u, v, psi, tmp = np.empty(shape), np.empty(shape), np.empty(shape), np.empty(shape)
+        self._winds(np.array([t_sec], float), u, v, tmp, psi)
+        return u[0], v[0], psi[0]
+
+    def _winds(self, t_sec: np.ndarray, u: np.ndarray, v: np.ndarray, tmp: np.ndarray,
+               psi: np.ndarray | None = None) -> None:
+        """Fill u, v (and psi) at each time of ``t_sec`` (T,), arrays (T, L, H, W); ``tmp`` is scratch.
+
+        Per wave mode (wavenumber m, asymmetry b), added to the jet in mode order::
+
+            A = vel a / m (1 + 0.35 sin(mod_freq t + mod_phase)) * vert(p)
+            arg = m lambda - omega t + phase + tilt (p - 500) / 500
+            psi += A P(phi) cos(arg),       P = cos^m sin^2 (1 + b sin)
+            u -= A P'(phi) cos(arg) / a
+            v -= A m cos^(m-1) sin^2 (1 + b sin) sin(arg) / a
+
+        Batching over time and modes only adds leading axes to broadcast over: every element goes
+        through the same operations, in the same order, as for a single time and mode.
+        """
+        u[...] = self.u_jet
+        v[...] = 0.0
+        if psi is not None:
+            psi[...] = self.psi_jet
+        w = self._waves
+        # The per-mode factors of all modes at once, (mode, time, level, lat or lon).
+        amp = w["amp"] * (1.0 + 0.35 * np.sin(w["mod_freq"] * t_sec + w["mod_phase"]))
+        amp = amp[:, :, None, None, None] * self.vert
+        arg = w["lam"] - w["omega"] * t_sec[:, None, None, None] + w["phase"] + w["tilt"]
+        cos_arg, sin_arg = np.cos(arg), np.sin(arg)
+        u_factor = amp * w["dshape"]
+        v_factor = amp * w["m"] * w["c_m1"] * w["s2"] * w["bs"]
+        psi_factor = amp * w["shape"] if psi is not None else None
+        for k in range(len(self.m)):  # modes are summed in order
+            if psi is not None:
+                psi += np.multiply(psi_factor[k], cos_arg[k], out=tmp)
+            u -= np.divide(np.multiply(u_factor[k], cos_arg[k], out=tmp), EARTH_RADIUS, out=tmp)
+            v -= np.divide(np.multiply(v_factor[k], sin_arg[k], out=tmp), EARTH_RADIUS, out=tmp)
 
     # ------------------------------------------------------------ radiation
     def equilibrium_temperature(self, time_ns: int) -> np.ndarray:
         """Seasonal radiative-equilibrium temperature [K], (L, H, 1)."""
-        dec, _, _ = solar_geometry(time_ns)
-        season = 12.0 * self.sin * np.sin(dec) / np.sin(np.deg2rad(23.44))
-        t_surface = 305.0 - 60.0 * self.sin**2 + season - 10.0 * np.log(self.p / 1000.0) * self.cos**2
-        return np.maximum(205.0, t_surface * (self.p / 1000.0) ** 0.19)
+        return self._equilibrium(solar_geometry(time_ns)[0])
+
+    def _equilibrium(self, dec):
+        """Equilibrium temperature for declination ``dec`` (a scalar, or (T, 1, 1, 1) for (T, L, H, 1)).
+
+        ``max(205, (305 - 60 sin^2 + 12 sin sin(dec) / sin(23.44) - 10 log(p/1000) cos^2) (p/1000)^0.19)``.
+        """
+        season = self._season_scale * np.sin(dec) / self._sin_tilt
+        return np.maximum(205.0, (self._t_base + season - self._t_log) * self._sigma_pow)
+
+    def _irradiance_excess(self, dec: np.ndarray, dist: np.ndarray, hour: np.ndarray) -> np.ndarray:
+        """Instantaneous minus daily-mean TOA irradiance on the grid, (T, H, W), for (T,) geometries."""
+        for h in hour:
+            if h not in self._cos_hour:  # the hour angle depends on the UTC hour only
+                self._cos_hour[h] = np.cos(np.deg2rad(15.0 * (h - 12.0) + self.lon)[None, :])
+        cos_h = np.stack([self._cos_hour[h] for h in hour])
+        dec, dist = dec[:, None, None], dist[:, None, None]
+        toa = _toa(self.sin, self.cos, cos_h, dec, dist)
+        return toa - _daily_mean(self.sin, self.cos, self._neg_tan_phi, dec, dist)
 
     def initialise(self, time_ns: int) -> None:
         """Reset the state to radiative equilibrium, half-saturated air and no skin anomaly."""
@@ -191,72 +354,147 @@ class ToyAtmosphere:
         self.state = {"T": temp, "Q": q, "skin": np.zeros(shape[1:])}
 
     # ------------------------------------------------------------- stepping
-    def _departure_indices(self, u, v, dt):
-        """Fractional (lat, lon) grid indices of the semi-Lagrangian departure points."""
-        cos = np.maximum(self.cos, np.cos(np.deg2rad(89.0)))  # u vanishes at the poles; avoid 0/0
-        lam_d = np.rad2deg(self.lam - u * dt / (EARTH_RADIUS * cos))
-        phi_d = np.rad2deg(np.deg2rad(self.lat)[:, None] - v * dt / EARTH_RADIUS)
+    def _departure_indices(self, u: np.ndarray, v: np.ndarray, dt: float, masks: tuple[np.ndarray, np.ndarray]):
+        """Fractional (lat, lon) grid indices of the semi-Lagrangian departure points::
+
+            lam_d = rad2deg(lambda - u dt / (a max(cos phi, cos 89 deg)))  # u vanishes at the poles
+            phi_d = rad2deg(phi - v dt / a)
+            i = clip((phi_d - lat[0]) / dlat, 0, H - 1),  j = mod((lam_d - lon[0]) / dlon, W)
+
+        Computed in place: ``u`` becomes ``j`` and ``v`` becomes ``i``; ``masks`` are boolean scratch.
+        """
+        lam_d = np.multiply(np.subtract(self._lam, np.divide(np.multiply(u, dt, out=u), self._earth_cos, out=u),
+                                        out=u), _RAD2DEG, out=u)
+        phi_d = np.multiply(np.subtract(self._phi, np.divide(np.multiply(v, dt, out=v), EARTH_RADIUS, out=v),
+                                        out=v), _RAD2DEG, out=v)
         dlat, dlon = self.lat[1] - self.lat[0], self.lon[1] - self.lon[0]
-        i = np.clip((phi_d - self.lat[0]) / dlat, 0.0, len(self.lat) - 1.0)
-        j = np.mod((lam_d - self.lon[0]) / dlon, len(self.lon))
-        return i, j
+        i = np.divide(np.subtract(phi_d, self.lat[0], out=phi_d), dlat, out=phi_d)
+        np.clip(i, 0.0, len(self.lat) - 1.0, out=i)
+        j = np.divide(np.subtract(lam_d, self.lon[0], out=lam_d), dlon, out=lam_d)
+        return i, _remainder_inplace(j, len(self.lon), *masks)
 
-    @staticmethod
-    def _bilinear(fields, i, j):
-        """Interpolate each (L, H, W) field at fractional indices (periodic in longitude)."""
-        n_lat, n_lon = fields[0].shape[1:]
-        i0 = np.minimum(np.floor(i).astype(np.int64), n_lat - 2)
-        j0 = np.floor(j).astype(np.int64) % n_lon
-        wi, wj = i - i0, j - np.floor(j)
-        j1 = (j0 + 1) % n_lon
-        level = np.arange(fields[0].shape[0])[:, None, None]
-        out = []
-        for f in fields:
-            out.append((1 - wi) * ((1 - wj) * f[level, i0, j0] + wj * f[level, i0, j1])
-                       + wi * ((1 - wj) * f[level, i0 + 1, j0] + wj * f[level, i0 + 1, j1]))
-        return out
+    def _interpolation_plan(self, i: np.ndarray, j: np.ndarray, batch: _Forcing) -> None:
+        """Fill the batch's gather indices and weights for bilinear interpolation at (T, L, H, W) points.
 
-    @staticmethod
-    def _diffuse(f, nu):
-        """Grid-scale diffusion (5-point Laplacian in index space; periodic lon, no-flux lat)."""
-        padded = np.concatenate([f[:, :1], f, f[:, -1:]], axis=1)
-        lap = padded[:, :-2] + padded[:, 2:] + np.roll(f, 1, -1) + np.roll(f, -1, -1) - 4.0 * f
-        return f + nu * lap
+        Corners are ordered (i0, j0), (i0+1, j0), (i0, j1), (i0+1, j1); ``w_row`` holds 1 - wi and wi,
+        ``w_col`` 1 - wj and wj (periodic in longitude). Corner indices are handled as integer-valued
+        floats (exact) and cast once. ``i`` is overwritten.
+        """
+        n, n_lat, n_lon = len(i), len(self.lat), len(self.lon)
+        w_row, w_col, idx, mask = batch.w_row[:n], batch.w_col[:n], batch.idx[:n], batch.mask[:n]
+        i0 = np.minimum(np.floor(i, out=batch.tmp[:n]), n_lat - 2, out=batch.tmp[:n])
+        np.subtract(1, np.subtract(i, i0, out=w_row[:, 1]), out=w_row[:, 0])
+        j0 = np.floor(j, out=i)
+        np.subtract(1, np.subtract(j, j0, out=w_col[:, 1]), out=w_col[:, 0])
+        # np.mod can round up to exactly n_lon; that point sits on column 0.
+        np.subtract(j0, n_lon, out=j0, where=np.greater_equal(j0, n_lon, out=mask))
+        idx[:, 0] = np.add(np.add(np.multiply(i0, n_lon, out=i0), j0, out=i0), self._level_base, out=i0)
+        np.add(idx[:, 0], n_lon, out=idx[:, 1])
+        np.add(idx[:, 0], 1, out=idx[:, 2])
+        np.subtract(idx[:, 2], n_lon, out=idx[:, 2], where=np.equal(j0, n_lon - 1, out=mask))  # j1 wraps to 0
+        np.add(idx[:, 2], n_lon, out=idx[:, 3])
+
+    def _forcing(self, t_sec: Sequence[float], time_ns: Sequence[int], dt: float, batch: _Forcing) -> _Forcing:
+        """Fill ``batch`` with what the steps starting at ``t_sec``/``time_ns`` need that does not depend on the state.
+
+        Evaluated at the mid-step instants for a batch of steps (leading axis), as :meth:`step`
+        would one at a time.
+        """
+        n = batch.n = len(t_sec)
+        const = self._step_constants(dt)
+        mid_sec = np.array([t + 0.5 * dt for t in t_sec], float)
+        dec, dist, hour = _solar_geometry(np.array([ns + int(0.5 * dt * 1e9) for ns in time_ns], np.int64))
+        u, v = batch.u[:n], batch.v[:n]
+        self._winds(mid_sec, u, v, batch.tmp[:n])
+        i, j = self._departure_indices(u, v, dt, (batch.mask[:n], batch.mask2[:n]))
+        self._interpolation_plan(i, j, batch)
+        excess = self._irradiance_excess(dec, dist, hour)
+        np.multiply(const["heat"], excess[:, None], out=batch.heating[:n])
+        np.multiply(const["skin_gain"], excess, out=batch.skin[:n])
+        batch.t_eq[:n] = self._equilibrium(dec[:, None, None, None])
+        return batch
 
     def step(self, t_sec: float, time_ns: int, dt: float) -> None:
         """Advance the state from ``t_sec`` (model seconds; ``time_ns`` the same instant) by ``dt`` s."""
+        self.advance([t_sec], [time_ns], dt)
+
+    def advance(self, t_sec: Sequence[float], time_ns: Sequence[int], dt: float) -> None:
+        """Take ``len(t_sec)`` steps of ``dt`` s; step ``k`` starts at ``t_sec[k]`` (model s) = ``time_ns[k]``.
+
+        Same result, to the bit, as calling :meth:`step` for each in turn, but the state-independent
+        part (winds, departure points, radiation) is computed for batches of steps at once.
+        """
         st = self.state
-        mid_sec, mid_ns = t_sec + 0.5 * dt, time_ns + int(0.5 * dt * 1e9)
-        u, v, _ = self.flow(mid_sec)
-        i, j = self._departure_indices(u, v, dt)
-        temp, q = self._bilinear([st["T"], st["Q"]], i, j)
+        const = self._step_constants(dt)
+        tq = np.stack([st["T"], st["Q"]])  # temperature and humidity are advected and diffused together
+        skin = st["skin"].copy()
+        if self._work is None:
+            steps = int(np.clip(_BATCH_BYTES // (_Forcing.BYTES_PER_POINT * tq[0].size), 1, _BATCH_STEPS))
+            self._work, self._batch = _Workspace(tq.shape), _Forcing(steps, tq.shape[1:])
+        work, batch = self._work, self._batch
+        for start in range(0, len(t_sec), batch.size):
+            self._forcing(t_sec[start:start + batch.size], time_ns[start:start + batch.size], dt, batch)
+            for k in range(batch.n):
+                self._interpolate(tq, batch, k, work)  # semi-Lagrangian advection into work.tq
+                self._tendencies(work.tq, batch, k, const, dt, work)
+                _diffuse(work.tq, const["nu"], work.lap, out=tq, edge=work.edge)  # back into the state
+                np.maximum(tq[1], 0.0, out=tq[1])
+                # Skin anomaly behind the 2-m temperature diurnal cycle: driven by irradiance, damped
+                # in 3 h:  skin = (skin + dt * gain * excess) * exp(-dt / 3 h)
+                np.multiply(np.add(skin, batch.skin[k], out=skin), const["skin_decay"], out=skin)
+        st["T"], st["Q"], st["skin"] = tq[0], tq[1], skin
+
+    @staticmethod
+    def _interpolate(tq: np.ndarray, batch: _Forcing, k: int, work: _Workspace) -> None:
+        """Bilinear interpolation of both fields of ``tq`` at the departure points of step ``k`` into ``work.tq``.
+
+        Per point: (1 - wi) * ((1 - wj) * f00 + wj * f01) + wi * ((1 - wj) * f10 + wj * f11).
+        """
+        corners = work.corners  # (2 fields, 4 corners, N)
+        # mode="wrap" only skips the bounds check: every index is in range by construction.
+        np.take(tq.reshape(2, -1), batch.idx[k].reshape(4, -1), axis=1, out=corners, mode="wrap")
+        w_row, w_col = batch.w_row[k].reshape(2, -1), batch.w_col[k].reshape(2, -1)
+        left, right = corners[:, :2], corners[:, 2:]  # j0 and j1 corners, each for rows i0 and i0 + 1
+        np.multiply(w_col[0], left, out=left)
+        np.multiply(w_col[1], right, out=right)
+        np.add(left, right, out=left)
+        np.multiply(w_row, left, out=left)
+        np.add(left[:, 0], left[:, 1], out=work.tq.reshape(2, -1))
+
+    def _tendencies(self, tq: np.ndarray, batch: _Forcing, k: int, const: dict, dt: float, work: _Workspace) -> None:
+        """Relaxation, heating, evaporation, drying and condensation of step ``k``, in place on ``tq``.
+
+        The formula of each block is in its comment; the calls evaluate it in the same order.
+        """
+        temp, q = tq[0], tq[1]
+        tmp, q_sat, source = work.tmp, work.q_sat, work.source
         day = 86400.0
-        # Newtonian cooling: fast near the surface (4 d), slow aloft (40 d), as in Held & Suarez.
-        sigma = self.p / 1000.0
-        k_t = 1.0 / (40 * day) + (1.0 / (4 * day) - 1.0 / (40 * day)) * np.clip((sigma - 0.7) / 0.3, 0.0, 1.0)
-        temp = temp - dt * k_t * (temp - self.equilibrium_temperature(mid_ns))
+        # Newtonian cooling, fast near the surface (4 d), slow aloft (40 d), as in Held & Suarez:
+        #   temp = temp - dt * k_t * (temp - t_eq)
+        np.subtract(temp, np.multiply(const["relax"], np.subtract(temp, batch.t_eq[k], out=tmp), out=tmp), out=temp)
         # Diurnal heating: the departure of the instantaneous irradiance from its daily mean,
-        # absorbed mostly in the lowest layers and three times more strongly over land.
-        excess = toa_irradiance(mid_ns, self.lat, self.lon) - daily_mean_irradiance(mid_ns, self.lat)
-        depth = np.clip((self.p - 400.0) / 600.0, 0.0, 1.0) ** 3  # (L,1,1)
-        temp = temp + dt / day * 0.02 * depth * (0.3 + 0.7 * self.lsm) * excess
+        # absorbed mostly in the lowest layers and three times more strongly over land:
+        #   temp = temp + dt / day * 0.02 * depth * (0.3 + 0.7 * lsm) * excess
+        np.add(temp, batch.heating[k], out=temp)
         # Humidity: evaporation towards 80 % RH (ocean-fed, strongest at low levels; a weak part
         # aloft stands in for convective moistening, without which the upper levels would dry
-        # out for good), precipitation drying (10 d).
-        p_pa = self.p * 100.0
-        q_sat = saturation_specific_humidity(temp, p_pa)
-        moistening = 0.15 + 0.85 * depth
-        source = np.maximum(0.8 * q_sat - q, 0.0) * moistening * (1.0 - 0.6 * self.lsm) / (1.5 * day)
-        q = q + dt * (source - q / (10 * day))
-        # Condensation of supersaturated air within ~3 h, releasing latent heat.
-        condensed = np.maximum(q - q_sat, 0.0) * (1.0 - np.exp(-dt / (3 * 3600.0)))
-        q = q - condensed
-        temp = temp + LATENT_OVER_CP * condensed
-        st["T"] = self._diffuse(temp, 0.01 * dt / 3600.0)
-        st["Q"] = np.maximum(self._diffuse(q, 0.01 * dt / 3600.0), 0.0)
-        # Skin anomaly behind the 2-m temperature diurnal cycle: driven by irradiance, damped in 3 h.
-        gain = 4.2e-3 / 3600.0 * (0.2 + 0.8 * self.lsm)
-        st["skin"] = (st["skin"] + dt * gain * excess) * np.exp(-dt / (3 * 3600.0))
+        # out for good), precipitation drying (10 d):
+        #   source = max(0.8 * q_sat - q, 0) * moistening * (1 - 0.6 * lsm) / (1.5 * day)
+        #   q = q + dt * (source - q / (10 * day))
+        saturation_specific_humidity(temp, self._p_pa, out=q_sat, work=tmp)
+        np.maximum(np.subtract(np.multiply(0.8, q_sat, out=source), q, out=source), 0.0, out=source)
+        np.multiply(source, self._moistening, out=source)
+        np.multiply(source, self._evaporation, out=source)
+        np.divide(source, 1.5 * day, out=source)
+        np.subtract(source, np.divide(q, 10 * day, out=tmp), out=source)
+        np.add(q, np.multiply(dt, source, out=source), out=q)
+        # Condensation of supersaturated air within ~3 h, releasing latent heat:
+        #   condensed = max(q - q_sat, 0) * (1 - exp(-dt / 3 h)); q = q - condensed
+        #   temp = temp + LATENT_OVER_CP * condensed
+        condensed = np.maximum(np.subtract(q, q_sat, out=tmp), 0.0, out=tmp)
+        np.multiply(condensed, const["condense"], out=condensed)
+        np.subtract(q, condensed, out=q)
+        np.add(temp, np.multiply(LATENT_OVER_CP, condensed, out=condensed), out=temp)
 
     def snapshot(self, t_sec: float, time_ns: int) -> dict[str, np.ndarray]:
         """All output variables at the current state (float64): U, V, T, Q (L,H,W); SP, t2m, tsi (H,W)."""
@@ -274,3 +512,72 @@ class ToyAtmosphere:
         t2m = t_low + LAPSE_RATE * dz + st["skin"]
         return {"U": u, "V": v, "T": st["T"].copy(), "Q": st["Q"].copy(), "SP": sp, "t2m": t2m,
                 "tsi": toa_irradiance(time_ns, self.lat, self.lon)}
+
+
+class _Workspace:
+    """Scratch arrays of the per-step state update, allocated once and reused by every step."""
+
+    def __init__(self, tq_shape: tuple[int, ...]):
+        n_fields, shape = tq_shape[0], tq_shape[1:]
+        self.tq = np.empty(tq_shape)
+        self.lap = np.empty(tq_shape)
+        self.edge = np.empty(tq_shape[:-1])
+        self.corners = np.empty((n_fields, 4, int(np.prod(shape))))
+        self.tmp, self.q_sat, self.source = np.empty(shape), np.empty(shape), np.empty(shape)
+
+
+class _Forcing:
+    """State-independent forcing of up to ``size`` steps (leading axis), filled batch after batch.
+
+    Kept allocated on purpose: fresh arrays of this size come from mmap and cost a page fault per
+    4 KiB on first touch, which showed up as a large share of the run time.
+    """
+
+    BYTES_PER_POINT = 4 * 8 + 2 + 4 * 8 + 4 * 8  # per step and grid point: the arrays below
+
+    def __init__(self, size: int, shape: tuple[int, int, int]):
+        n_lev, n_lat, n_lon = shape
+        self.size = size
+        self.n = 0  # steps filled
+        self.u, self.v, self.tmp, self.heating = np.empty((4, size, *shape))  # u, v, tmp: scratch
+        self.mask, self.mask2 = np.empty((2, size, *shape), bool)
+        self.idx = np.empty((size, 4, *shape), np.intp)  # flat gather index of each corner
+        self.w_row, self.w_col = np.empty((2, size, 2, *shape))
+        self.t_eq = np.empty((size, n_lev, n_lat, 1))
+        self.skin = np.empty((size, n_lat, n_lon))
+
+
+def _remainder_inplace(x: np.ndarray, n: int, mask: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """``np.mod(x, n, out=x)`` for ``n > 0``, touching only the elements outside (0, n).
+
+    Inside that interval np.mod returns x itself, and np.mod on floats is slow (fmod per element),
+    so only the few departure points that cross the date line go through it. ``mask`` and
+    ``scratch`` are boolean arrays shaped like ``x``.
+    """
+    inside = np.logical_and(np.greater(x, 0.0, out=mask), np.less(x, n, out=scratch), out=mask)
+    outside = np.logical_not(inside, out=mask)
+    x[outside] = np.mod(x[outside], n)
+    return x
+
+
+def _diffuse(f: np.ndarray, nu: float, lap: np.ndarray, out: np.ndarray, edge: np.ndarray) -> np.ndarray:
+    """Grid-scale diffusion ``out = f + nu * lap`` of a 5-point Laplacian in index space on the last two axes.
+
+    Periodic in longitude, no-flux in latitude (an edge row is its own outer neighbour). The sum is
+    accumulated as north + south + west + east - 4 f, the order of the np.roll formulation. Each
+    neighbour is added with one shifted add over the flattened arrays (much faster than strided
+    slices); the rows and columns where that shift crosses a row or block boundary are then
+    overwritten with the correct sums. ``edge`` is scratch shaped like ``f[..., 0]``.
+    """
+    flat_f, flat_lap, n_lon = f.reshape(-1), lap.reshape(-1), f.shape[-1]
+    np.add(flat_f[:-2 * n_lon], flat_f[2 * n_lon:], out=flat_lap[n_lon:-n_lon])  # interior rows
+    np.add(f[..., 0, :], f[..., 1, :], out=lap[..., 0, :])  # first and last rows of every block
+    np.add(f[..., -2, :], f[..., -1, :], out=lap[..., -1, :])
+    np.add(lap[..., 0], f[..., -1], out=edge)  # west neighbour, np.roll(f, 1, -1); column 0 wraps
+    np.add(flat_lap[1:], flat_f[:-1], out=flat_lap[1:])
+    lap[..., 0] = edge
+    np.add(lap[..., -1], f[..., 0], out=edge)  # east neighbour, np.roll(f, -1, -1); last column wraps
+    np.add(flat_lap[:-1], flat_f[1:], out=flat_lap[:-1])
+    lap[..., -1] = edge
+    np.subtract(lap, np.multiply(4.0, f, out=out), out=lap)
+    return np.add(f, np.multiply(nu, lap, out=lap), out=out)
