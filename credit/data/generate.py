@@ -136,12 +136,47 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     ``train_years`` (default: all years but the last, or the only year) selects the years the
     statistics in ``mean.nc``/``std.nc`` are computed from. ``days_per_year`` keeps only the first
     N days of each year and ``time_range`` (inclusive ISO start, end) keeps only times inside it;
-    both are for tests and smoke runs, and every year must keep at least one time. The model runs continuously through the
-    requested times after a 30-day spin-up (re-spun-up after gaps longer than that), hourly inside,
-    output every 6 h. Identical arguments give identical arrays. Raises :class:`GenerateError` for
-    invalid arguments or a non-empty ``out`` without ``overwrite``.
+    both are for tests and smoke runs, and every year must keep at least one time. The model runs
+    continuously through the requested times after a 30-day spin-up (re-spun-up after gaps longer
+    than that), hourly inside, output every 6 h. Identical arguments give identical arrays. Raises
+    :class:`GenerateError` for invalid arguments or a non-empty ``out`` without ``overwrite``.
     """
     out = Path(out)
+    grid, years, levels, train_years = _checked_arguments(grid, years, levels, train_years, days_per_year)
+    try:
+        schedule = _output_times(years, days_per_year, time_range)
+    except DataError as err:
+        raise GenerateError(f"time_range: {err}") from err
+    _prepare_output_dir(out, overwrite)
+
+    lat, lon = _grid_coords(grid)
+    level_values = np.asarray(levels, dtype=np.int32 if all(lv.is_integer() for lv in levels) else np.float64)
+    atm = ToyAtmosphere(lat, lon, levels, seed)
+    static = {"Z_GDS4_SFC": atm.z_sfc, "LSM": atm.lsm}
+    _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
+                      coords=_coords(lat, lon)), out / "static.nc")
+
+    moments = _Moments()
+    for year, times, buf in _simulate(atm, schedule, len(levels), grid, progress):
+        coords = _coords(lat, lon, level_values, times)
+        dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
+        era5 = {k: (dims3, buf[k], ATTRS[k]) for k in UPPER_AIR} | {k: (dims2, buf[k], ATTRS[k]) for k in SURFACE}
+        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}.nc")
+        coords.pop("level")
+        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}.nc")
+        if year in train_years:
+            for k in UPPER_AIR:
+                moments.add(k, buf[k], (0, 2, 3))
+            for k in SURFACE + FORCING:
+                moments.add(k, buf[k], (0, 1, 2))
+    for k, v in static.items():
+        moments.add(k, v.astype(np.float32), (0, 1))
+    _write_statistics(out, moments, _coords(lat, lon, level_values)["level"], train_years)
+    return out
+
+
+def _checked_arguments(grid, years, levels, train_years, days_per_year):
+    """The arguments normalised (ints, sorted floats); :class:`GenerateError` names the bad one."""
     grid = tuple(int(g) for g in grid)
     years = sorted(int(y) for y in years)
     levels = sorted(float(lv) for lv in levels)
@@ -158,11 +193,11 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     train_years = sorted(int(y) for y in train_years)
     if not train_years or not set(train_years) <= set(years):
         raise GenerateError(f"train_years {train_years} must be a non-empty subset of years {years}")
-    try:
-        schedule = _output_times(years, days_per_year, time_range)
-    except DataError as err:
-        raise GenerateError(f"time_range: {err}") from err
-    ours = ["static.nc", "mean.nc", "std.nc", "era5_*.nc", "forcing_*.nc", "*.nc.tmp"]
+    return grid, years, levels, train_years
+
+
+def _prepare_output_dir(out: Path, overwrite: bool) -> None:
+    """Create ``out``; with ``overwrite``, remove only files this generator writes, never anything else."""
     if out.exists():
         if not out.is_dir():
             raise GenerateError(f"output path {out} exists and is not a directory")
@@ -170,68 +205,54 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
             if not overwrite:
                 raise GenerateError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) "
                                     "to replace a dataset there")
-            for pattern in ours:  # remove only files this generator writes, never anything else
+            for pattern in ["static.nc", "mean.nc", "std.nc", "era5_*.nc", "forcing_*.nc", "*.nc.tmp"]:
                 for f in out.glob(pattern):
                     f.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
-    lat, lon = _grid_coords(grid)
-    level_values = np.asarray(levels, dtype=np.int32 if all(lv.is_integer() for lv in levels) else np.float64)
-    atm = ToyAtmosphere(lat, lon, levels, seed)
-    static = {"Z_GDS4_SFC": atm.z_sfc, "LSM": atm.lsm}
-    _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
-                      coords=_coords(lat, lon)), out / "static.nc")
 
-    moments = _Moments()
+def _simulate(atm: ToyAtmosphere, schedule: dict, n_levels: int, grid: tuple[int, int], progress: bool):
+    """Yield ``(year, times, arrays)`` per year: the atmosphere's snapshots at the output times.
+
+    The arrays are views of one set of buffers reused year after year (their first touch costs page
+    faults), so a consumer must be done with a year before asking for the next.
+    """
     spin_up_ns = SPIN_UP_DAYS * 86_400 * 10**9
     step_ns = int(SUBSTEP_S * 1e9)
     clock: int | None = None
-    bar = tqdm(total=sum(len(t) for t in schedule.values()), desc="generate", unit="step", disable=not progress)
-    # One set of output buffers, reused year after year (their first touch costs page faults).
     n_max = max(len(t) for t in schedule.values())
-    full = {k: np.empty((n_max, len(levels), *grid), np.float32) for k in UPPER_AIR}
+    full = {k: np.empty((n_max, n_levels, *grid), np.float32) for k in UPPER_AIR}
     full.update({k: np.empty((n_max, *grid), np.float32) for k in SURFACE + FORCING})
-    for year in years:
-        times = schedule[year]
-        buf = {k: v[:len(times)] for k, v in full.items()}
-        for n, t in enumerate(times.astype(np.int64)):
-            if clock is None or t - clock > spin_up_ns:
-                clock = int(t) - spin_up_ns
-                atm.initialise(clock)
-            # The hourly steps up to t go in one call, which computes their state-independent forcing
-            # in batches (same result as one atm.step per substep).
-            clocks = list(range(clock, int(t), step_ns))
-            if clocks:
-                atm.advance([(c - _TIME_REF) / 1e9 for c in clocks], clocks, SUBSTEP_S)
-                clock = clocks[-1] + step_ns
-            for k, v in atm.snapshot((clock - _TIME_REF) / 1e9, clock).items():
-                buf[k][n] = v
-            bar.update()
-        coords = _coords(lat, lon, level_values, times)
-        dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
-        era5 = {k: (dims3, buf[k], ATTRS[k]) for k in UPPER_AIR} | {k: (dims2, buf[k], ATTRS[k]) for k in SURFACE}
-        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}.nc")
-        coords.pop("level")
-        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}.nc")
-        if year in train_years:
-            for k in UPPER_AIR:
-                moments.add(k, buf[k], (0, 2, 3))
-            for k in SURFACE + FORCING:
-                moments.add(k, buf[k], (0, 1, 2))
-    del buf, full
-    bar.close()
-    for k, v in static.items():
-        moments.add(k, v.astype(np.float32), (0, 1))
+    with tqdm(total=sum(len(t) for t in schedule.values()), desc="generate", unit="step",
+              disable=not progress) as bar:
+        for year, times in schedule.items():
+            buf = {k: v[:len(times)] for k, v in full.items()}
+            for n, t in enumerate(times.astype(np.int64)):
+                if clock is None or t - clock > spin_up_ns:
+                    clock = int(t) - spin_up_ns
+                    atm.initialise(clock)
+                # The hourly steps up to t go in one call, which computes their state-independent
+                # forcing in batches (same result as one atm.step per substep).
+                clocks = list(range(clock, int(t), step_ns))
+                if clocks:
+                    atm.advance([(c - _TIME_REF) / 1e9 for c in clocks], clocks, SUBSTEP_S)
+                    clock = clocks[-1] + step_ns
+                for k, v in atm.snapshot((clock - _TIME_REF) / 1e9, clock).items():
+                    buf[k][n] = v
+                bar.update()
+            yield year, times, buf
 
+
+def _write_statistics(out: Path, moments: "_Moments", level: tuple, train_years: list[int]) -> None:
+    """Write ``mean.nc`` and ``std.nc`` (per level for upper-air variables, scalars otherwise)."""
     for name, stat in (("mean", lambda k: moments.mean[k]), ("std", moments.std)):
         data = {k: (("level",), stat(k).astype(np.float32), ATTRS[k]) for k in UPPER_AIR}
         data |= {k: ((), np.float32(stat(k)), ATTRS[k]) for k in SURFACE + FORCING + STATIC}
-        ds = xr.Dataset(data, coords={"level": _coords(lat, lon, level_values)["level"]})
+        ds = xr.Dataset(data, coords={"level": level})
         ds.attrs.update(statistic=name, train_years=np.asarray(train_years, np.int32),
                         description=f"{name} over time, latitude and longitude of the training years "
                                     f"{' '.join(map(str, train_years))} (per level for upper-air variables)")
         _write(ds, out / f"{name}.nc")
-    return out
 
 
 class _ArgumentParser(argparse.ArgumentParser):
