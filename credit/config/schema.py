@@ -34,6 +34,7 @@ class ModelConfig:
     ff_dropout: float = 0.0
     use_spectral_norm: bool = False
     padding: str = "earth"  # earth | none
+    gemm: str = "fast"  # fast | deterministic: layout-invariant bits (docs/determinism.md)
 
 
 @dataclass

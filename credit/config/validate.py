@@ -51,6 +51,28 @@ def heads_split_error(heads: int, tensor: int) -> str | None:
     return f"each tensor-parallel rank must own whole attention heads; use tensor in {divisors}"
 
 
+GEMM_MODES = ("fast", "deterministic")
+
+
+def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
+    """The rule for layout-invariant tensor parallelism, stated once: the deterministic GEMM
+    reduces over 32-wide leaves combined by a binary tree, so a split is a subtree of the
+    one-rank reduction only when `tensor` is a power of two and each rank gets a multiple
+    of 32. None when `width` (the `key` named) splits, else what would work."""
+    from credit.kernels.gemm import LEAF
+
+    if tensor == 1:
+        return None
+    if tensor & (tensor - 1):
+        return (f"model.gemm=deterministic needs trainer.parallelism.tensor a power of two "
+                f"(the GEMM's reduction tree splits in halves), got {tensor}")
+    if width % (LEAF * tensor) == 0:
+        return None
+    return (f"model.gemm=deterministic with trainer.parallelism.tensor={tensor} needs {what} "
+            f"{key}={width} to give a multiple of {LEAF} per rank, got {width / tensor:g}; use a "
+            f"multiple of {LEAF * tensor} or a smaller tensor")
+
+
 def validate_model(model: DictConfig, tensor: int = 1) -> None:
     stages = len(model.dim)
     _check(stages >= 1, "model.dim", model.dim, "give at least one stage width")
@@ -83,6 +105,14 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
         _check(0.0 <= model[key] < 1.0, f"model.{key}", model[key], "must be in [0, 1)")
     _check(model.padding in ("earth", "none"), "model.padding", model.padding,
            "allowed: 'earth', 'none'")
+    _check(model.gemm in GEMM_MODES, "model.gemm", model.gemm, f"allowed: {list(GEMM_MODES)}")
+    if model.gemm == "deterministic":
+        for i, width in enumerate(model.dim):
+            for what, key, w in (("attention width", f"model.dim[{i}]", width),
+                                 ("feed-forward width", f"model.dim[{i}]*model.ff_mult", width * model.ff_mult)):
+                problem = deterministic_split_error(f"stage {i}'s {what}", key, w, tensor)
+                if problem:
+                    raise ConfigError(problem)
     _check(model.name == "wxformer", "model.name", model.name, "allowed: 'wxformer'")
 
 

@@ -22,7 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from credit.config.validate import heads_split_error
+from credit.config.validate import deterministic_split_error, heads_split_error
+from credit.kernels.gemm import DetLinear
+from credit.models.dropout import IndexedDropout
+from credit.models.fanout import fan_out
 from credit.models.padding import EarthPad, required_multiple
 
 
@@ -46,6 +49,29 @@ class WXFormerSpec:
     attn_dropout: float = 0.0
     ff_dropout: float = 0.0
     padding: str = "earth"
+    gemm: str = "fast"  # fast | deterministic (see docs/determinism.md)
+
+
+def _linear(gemm: str):
+    """The projection class: torch's Linear, or the batch-invariant fixed-tree one."""
+    return DetLinear if gemm == "deterministic" else nn.Linear
+
+
+def _check_deterministic_split(what: str, width: int, tp_size: int) -> None:
+    problem = deterministic_split_error(what, "width", width, tp_size)
+    if problem:
+        raise ValueError(problem)
+
+
+def _shard_of(weight: torch.Tensor) -> tuple[int, int]:
+    """(offset, global size) of this rank's rows of a colwise weight (0, rows if unsharded)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(weight, DTensor):
+        return 0, weight.shape[0]
+    _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+    return offset[0], weight.shape[0]
 
 
 class Attention(nn.Module):
@@ -62,13 +88,18 @@ class Attention(nn.Module):
     # partial outputs summed across tp ranks.
     _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
 
-    def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> None:
+    def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float,
+                 gemm: str = "fast") -> None:
         super().__init__()
         inner = self._init_windows(dim, dim_head, window, kind, dropout)
-        self.to_q = nn.Linear(dim, inner, bias=False)
-        self.to_k = nn.Linear(dim, inner, bias=False)
-        self.to_v = nn.Linear(dim, inner, bias=False)
-        self.to_out = nn.Linear(inner, dim)
+        linear = _linear(gemm)
+        self.to_q = linear(dim, inner, bias=False)
+        self.to_k = linear(dim, inner, bias=False)
+        self.to_v = linear(dim, inner, bias=False)
+        self.to_out = linear(inner, dim)
+        # Deterministic mode spells attention out (fixed products, indexed dropout mask).
+        if gemm == "deterministic":
+            self.indexed_dropout = IndexedDropout(dropout)
 
     def _init_windows(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> int:
         """Everything but the projections (shared with the legacy layout); returns the
@@ -79,6 +110,7 @@ class Attention(nn.Module):
         self.window = window
         self.kind = kind
         self.dropout = dropout
+        self.indexed_dropout: IndexedDropout | None = None  # deterministic mode sets it
         self.norm = nn.LayerNorm(dim)
         return (dim // dim_head) * dim_head
 
@@ -92,6 +124,8 @@ class Attention(nn.Module):
                 f"model.dim_head={module.dim_head}) cannot be split over "
                 f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
+        if isinstance(module.to_q, DetLinear):
+            _check_deterministic_split("attention width", module.to_q.out_features, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -119,6 +153,9 @@ class Attention(nn.Module):
         def split_heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(n, length, heads, self.dim_head).transpose(1, 2)
 
+        if self.indexed_dropout is not None:
+            attended = self._attend_deterministic(*(split_heads(t).contiguous() for t in (q, k, v)))
+            return attended.transpose(1, 2).reshape(n, length, width)
         attended = F.scaled_dot_product_attention(
             split_heads(q),
             split_heads(k),
@@ -127,8 +164,28 @@ class Attention(nn.Module):
         )
         return attended.transpose(1, 2).reshape(n, length, width)
 
+    def _attend_deterministic(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q kᵀ / sqrt(d)) v per (window, head), each head's products computed alone
+        (contiguous per-head operands, so nothing depends on how many heads a rank holds), and
+        dropout indexed by (global window, query, key, global head)."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dim_head))
+        probs = torch.softmax(scores, dim=-1)
+        if self.training and self.indexed_dropout.p > 0.0:
+            n, heads, length, _ = probs.shape
+            head_offset, global_width = _shard_of(self.to_q.weight)
+            mask = self.indexed_dropout(
+                torch.ones((n, length * length, heads), dtype=probs.dtype, device=probs.device),
+                col_offset=head_offset // self.dim_head, global_cols=global_width // self.dim_head,
+            )
+            probs = probs * mask.view(n, length, length, heads).permute(0, 3, 1, 2)
+        return torch.matmul(probs, v)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         windows = self._to_windows(self.norm(x))
+        if self.indexed_dropout is not None:  # deterministic mode: q, k, v gradients add in order
+            for_q, for_k, for_v = fan_out(windows, 3)
+            merged = self._attend(self.to_q(for_q), self.to_k(for_k), self.to_v(for_v))
+            return self._from_windows(self.to_out(merged), x.shape)
         merged = self._attend(self.to_q(windows), self.to_k(windows), self.to_v(windows))
         return self._from_windows(self.to_out(merged), x.shape)
 
@@ -139,15 +196,25 @@ class FeedForward(nn.Module):
     # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
     _tp_plan = {"up": "colwise", "down": "rowwise"}
 
-    def __init__(self, dim: int, mult: int, dropout: float) -> None:
+    def __init__(self, dim: int, mult: int, dropout: float, gemm: str = "fast") -> None:
         super().__init__()
+        linear = _linear(gemm)
         self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, dim * mult)
-        self.down = nn.Linear(dim * mult, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.up = linear(dim, dim * mult)
+        self.down = linear(dim * mult, dim)
+        self.dropout = IndexedDropout(dropout) if gemm == "deterministic" else nn.Dropout(dropout)
+
+    @staticmethod
+    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
+        if isinstance(module.up, DetLinear):
+            _check_deterministic_split("feed-forward width", module.up.out_features, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.dropout(F.gelu(self.up(self.norm(x)))))
+        hidden = F.gelu(self.up(self.norm(x)))
+        if isinstance(self.dropout, IndexedDropout):
+            offset, width = _shard_of(self.up.weight)
+            return self.down(self.dropout(hidden, col_offset=offset, global_cols=width))
+        return self.down(self.dropout(hidden))
 
 
 class TransformerStage(nn.Module):
@@ -163,6 +230,7 @@ class TransformerStage(nn.Module):
         ff_mult: int,
         attn_dropout: float,
         ff_dropout: float,
+        gemm: str = "fast",
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList()
@@ -170,10 +238,10 @@ class TransformerStage(nn.Module):
             self.layers.append(
                 nn.ModuleList(
                     [
-                        Attention(dim, dim_head, local_window, "local", attn_dropout),
-                        FeedForward(dim, ff_mult, ff_dropout),
-                        Attention(dim, dim_head, global_window, "global", attn_dropout),
-                        FeedForward(dim, ff_mult, ff_dropout),
+                        Attention(dim, dim_head, local_window, "local", attn_dropout, gemm),
+                        FeedForward(dim, ff_mult, ff_dropout, gemm),
+                        Attention(dim, dim_head, global_window, "global", attn_dropout, gemm),
+                        FeedForward(dim, ff_mult, ff_dropout, gemm),
                     ]
                 )
             )
@@ -195,8 +263,10 @@ class CrossEmbed(nn.Module):
     outputs line up on the downsampled grid.
     """
 
-    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int):
+    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int,
+                 gemm: str = "fast"):
         super().__init__()
+        self.ordered_fan_out = gemm == "deterministic"
         kernels = sorted(kernel_sizes)
         widths = [dim_out // 2 ** (i + 1) for i in range(len(kernels) - 1)]
         widths.append(dim_out - sum(widths))
@@ -206,7 +276,8 @@ class CrossEmbed(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([conv(x) for conv in self.convs], dim=1)
+        inputs = fan_out(x, len(self.convs)) if self.ordered_fan_out else [x] * len(self.convs)
+        return torch.cat([conv(xi) for conv, xi in zip(self.convs, inputs)], dim=1)
 
 
 def _group_norm(channels: int) -> nn.GroupNorm:
@@ -249,7 +320,8 @@ class WXFormer(nn.Module):
         self.stages = nn.ModuleList()
         for i, (d_in, d_out) in enumerate(zip(dims_in, spec.dim)):
             self.embeds.append(
-                CrossEmbed(d_in, d_out, spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i])
+                CrossEmbed(d_in, d_out, spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i],
+                           spec.gemm)
             )
             self.stages.append(
                 TransformerStage(
@@ -261,6 +333,7 @@ class WXFormer(nn.Module):
                     spec.ff_mult,
                     spec.attn_dropout,
                     spec.ff_dropout,
+                    spec.gemm,
                 )
             )
         # decoder: stage i's output is upsampled to stage i-1's grid and concatenated
@@ -280,6 +353,9 @@ class WXFormer(nn.Module):
         with torch.no_grad():
             self.head.weight.mul_(0.1)
             self.head.bias.zero_()
+        # Each indexed dropout draws its own stream: number them in module order.
+        for layer, module in enumerate(m for m in self.modules() if isinstance(m, IndexedDropout)):
+            module.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec

@@ -32,6 +32,7 @@ from credit.data import (
     model_layout,
 )
 from credit.models import EMA, build_model
+from credit.models.dropout import dropout_step
 from credit.parallel import (
     Runtime,
     clip_grad_norm_,
@@ -223,11 +224,16 @@ class Trainer:
         seed_for_step(trainer.seed, rt.dp_rank, self.step)
         self.optimizer.zero_grad(set_to_none=True)
         loss_value = 0.0
-        for _ in range(trainer.grad_accum_steps):
+        for micro in range(trainer.grad_accum_steps):
             batch = {k: v.to(rt.device) for k, v in next(batches).items()}
             self._advance_position()
-            loss = forecast_loss(self.model, batch, self.loss_fn)
-            (loss / trainer.grad_accum_steps).backward()
+            local_batch = batch["state"].shape[0]
+            # Indexed dropout (deterministic mode) keys its masks on the global sample index;
+            # the context spans backward too, where activation checkpointing recomputes them.
+            with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * local_batch,
+                              local_batch):
+                loss = forecast_loss(self.model, batch, self.loss_fn)
+                (loss / trainer.grad_accum_steps).backward()
             loss_value += loss.item() / trainer.grad_accum_steps
         loss_value = self._mean_over_dp(loss_value)  # every rank agrees before deciding
         if not math.isfinite(loss_value):

@@ -49,6 +49,7 @@ def test_overrides_apply():
         ("model.cross_embed_kernel_sizes=[[3],[2,4],[2,4]]", "model.cross_embed_kernel_sizes[0]"),
         ("model.attn_dropout=1.5", "model.attn_dropout=1.5"),
         ("model.padding=zeros", "model.padding='zeros'"),
+        ("model.gemm=exact", "model.gemm='exact'"),
         ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
         ("trainer.parallelism.data=horovod", "trainer.parallelism.data='horovod'"),
         ("trainer.parallelism.tensor=0", "trainer.parallelism.tensor=0"),
@@ -69,6 +70,18 @@ def test_bad_config_is_one_error_naming_the_key(override, named):
     message = str(info.value)
     assert named in message
     assert "\n" not in message
+
+
+def test_deterministic_mode_refuses_a_tensor_split_it_cannot_reproduce():
+    # the default stage 0 is 64 wide: 32 per rank at tp=2 (a whole GEMM leaf), 16 at tp=4
+    assert compose_config(["model.gemm=deterministic", "trainer.parallelism.tensor=2"])
+    with pytest.raises(ConfigError) as info:
+        compose_config(["model.gemm=deterministic", "trainer.parallelism.tensor=4"])
+    message = str(info.value)
+    assert "model.dim[0]=64" in message and "multiple of 128" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="power of two"):
+        compose_config(["model.gemm=deterministic", "model.dim=[96,96,96]", "model.dim_head=32",
+                        "trainer.parallelism.tensor=3"])
 
 
 def _run(args, **kwargs):

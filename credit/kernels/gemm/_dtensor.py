@@ -1,4 +1,7 @@
-"""DetLinear under torch tensor parallelism (DTensor parameters on a 1-D mesh).
+"""DetLinear under torch tensor parallelism (DTensor parameters on a 1-D tp mesh).
+
+Under FSDP2 on a 2-D (dp, tp) mesh the forward sees the gathered parameter, a DTensor on
+the tp mesh alone, so the same code serves both.
 
 ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel`` turns the
 weight into a DTensor and hands the forward a DTensor input.  The kernels work
@@ -7,9 +10,15 @@ on local shards, so the layer computes on ``to_local()`` views and rewraps:
 * weight ``Shard(0)`` (colwise, N split): input must be replicated; the
   output is ``Shard(-1)``.
 * weight ``Shard(1)`` (rowwise, K split): input must be ``Shard(-1)``; the
-  local fp32 partial sums are all-reduced, then the bias is added and the
-  result rounded once.  With K split into 2 equal 32-aligned halves this is
-  bitwise the unsharded result (the K tree's root is ``left + right``).
+  local fp32 partial sums are combined across ranks by the K tree's top levels
+  (``tree_all_reduce``), then the bias is added and the result rounded once.
+  With K split into 2, 4 or 8 equal 32-aligned parts this is bitwise the
+  unsharded result.
+* The column-parallel input gradient (each rank's ``dC·W`` covers its N shard)
+  is combined the same way, in the backward of ``tree_all_reduce_grad``.
+
+A ring all-reduce would not do: its summation order depends on the rank and on
+the ring position, and at 4 ranks it differs from ``(p0 + p1) + (p2 + p3)``.
 * weight ``Replicate()``: purely local.
 
 A plain-tensor input is taken to be the local shard already.  Any other
@@ -20,14 +29,61 @@ from __future__ import annotations
 
 import torch
 
+import torch.distributed as dist
+
 from ._ops import add_bias_fp32, linear_local
+from ._tree import tree_sum
+
+
+def _tree_reduce(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's ``t`` gathered, then added by the K tree in rank order (same bits on every rank)."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return tree_sum(parts)
+
+
+class _TreeAllReduce(torch.autograd.Function):
+    """Forward: the fixed-tree sum over ``group``; backward: identity (each partial's
+    gradient is the replicated output gradient)."""
+
+    @staticmethod
+    def forward(ctx, t, group):  # type: ignore[override]
+        return _tree_reduce(t, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad, None
+
+
+class _TreeAllReduceGrad(torch.autograd.Function):
+    """Forward: identity on a replicated input; backward: the fixed-tree sum of the
+    ranks' partial input gradients."""
+
+    @staticmethod
+    def forward(ctx, t, group):  # type: ignore[override]
+        ctx.group = group
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _tree_reduce(grad, ctx.group), None
+
+
+def tree_all_reduce(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Sum of ``t`` over ``group`` as a binary tree in rank order; differentiable."""
+    return _TreeAllReduce.apply(t, group)
+
+
+def tree_all_reduce_grad(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``t`` unchanged; its gradient becomes the rank-ordered tree sum over ``group``."""
+    return _TreeAllReduceGrad.apply(t, group)
 
 
 def dtensor_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
 ) -> torch.Tensor:
     """Forward of ``DetLinear`` when its weight (or input) is a DTensor."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not isinstance(weight, DTensor):
         raise TypeError(
@@ -41,6 +97,8 @@ def dtensor_linear(
         )
     wp = weight.placements[0]
 
+    group = mesh.get_group()
+
     def local(t: torch.Tensor, want, what: str, grad=None) -> torch.Tensor:
         if not isinstance(t, DTensor):
             return t
@@ -52,8 +110,9 @@ def dtensor_linear(
 
     b_local = None
     if isinstance(wp, Shard) and wp.dim == 0:  # ColwiseParallel
-        # Each rank's dx only covers its N shard: the input gradient is Partial.
-        x_local = local(x, Replicate(), "input", grad=[Partial()])
+        # Each rank's dx only covers its N shard: the partial input gradients are
+        # tree-summed here, so DTensor sees a replicated gradient and adds no reduction.
+        x_local = tree_all_reduce_grad(local(x, Replicate(), "input", grad=[Replicate()]), group)
         if bias is not None:
             b_local = local(bias, Shard(0), "bias")
         y = linear_local(x_local, weight.to_local(), b_local, backend)
@@ -63,14 +122,11 @@ def dtensor_linear(
         if isinstance(x, DTensor):
             x_in = local(x, Shard(x.dim() - 1), "input")
         part = linear_local(x_in, weight.to_local(), None, backend, out_dtype=torch.float32)
-        y = DTensor.from_local(part, mesh, [Partial()], run_check=False)
         # Reduce before adding the bias so the sum order matches the K tree.
-        y = y.redistribute(mesh, [Replicate()])
+        y = tree_all_reduce(part, group)
         if bias is not None:
-            bl = local(bias, Replicate(), "bias")
-            y = DTensor.from_local(add_bias_fp32(y.to_local(), bl, backend), mesh,
-                                   [Replicate()], run_check=False)
-        return y.to(weight.dtype)
+            y = add_bias_fp32(y, local(bias, Replicate(), "bias"), backend)
+        return DTensor.from_local(y.to(weight.dtype), mesh, [Replicate()], run_check=False)
     if isinstance(wp, Replicate):
         x_local = local(x, Replicate(), "input")
         if bias is not None:

@@ -1,0 +1,125 @@
+"""Dropout whose mask is a function of (seed, step, layer, global element index).
+
+Deterministic mode (`model.gemm=deterministic`) needs the serial run and every (dp, tp)
+layout to drop the same elements. A mask drawn from a generator cannot give that: the
+draws depend on the local shape and on what was drawn before. Here each element's keep
+decision is a counter-based hash (splitmix64's finaliser) of a per-step key and the
+element's index in the *global* tensor (global sample, row, global column), so a tp rank
+holding columns 64..127 and a dp rank holding samples 4..7 draw exactly what the serial
+run draws there. Hand-written because torch offers no counter-based random op on CPU.
+
+The trainer sets the step context (`dropout_step`) before each forward; outside it
+(inference, evaluation) the modules are identities unless training, and training without
+a context is an error rather than a silent mask from nowhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MUL1 = _signed(0xBF58476D1CE4E5B9)
+_MUL2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's `>>` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic): a bijective hash."""
+    z = z + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MUL1
+    z = (z ^ _shift_right(z, 27)) * _MUL2
+    return z ^ _shift_right(z, 31)
+
+
+def _mix_int(value: int) -> int:
+    return int(mix64(torch.tensor([_signed(value)], dtype=torch.int64))[0])
+
+
+@dataclass(frozen=True)
+class DropoutStep:
+    """What a training step's masks depend on besides the element index."""
+
+    seed: int
+    step: int
+    sample_offset: int  # global index of this rank's first sample
+    local_batch: int  # samples this rank holds in the current forward
+
+
+_current: DropoutStep | None = None
+
+
+@contextlib.contextmanager
+def dropout_step(seed: int, step: int, sample_offset: int, local_batch: int) -> Iterator[None]:
+    """Masks drawn inside this block are those of (seed, step) for samples
+    `sample_offset .. sample_offset + local_batch - 1` of the global batch."""
+    global _current
+    previous, _current = _current, DropoutStep(seed, step, sample_offset, local_batch)
+    try:
+        yield
+    finally:
+        _current = previous
+
+
+def keep_mask(shape: tuple[int, ...], p: float, layer: int, *, col_offset: int = 0,
+              global_cols: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean keep mask for a local tensor of `shape` (samples outermost, columns last).
+
+    The tensor is this rank's block of a global one: rows (all but the last dim, flattened)
+    start at sample `sample_offset` of the step context, columns at `col_offset` of
+    `global_cols` (default: the local width).
+    """
+    ctx = _current
+    if ctx is None:
+        raise RuntimeError("indexed dropout in training needs the step context "
+                           "(credit.models.dropout.dropout_step); the trainer sets it")
+    cols = shape[-1]
+    global_cols = cols if global_cols is None else global_cols
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    if rows % ctx.local_batch:
+        raise ValueError(f"dropout input rows {rows} do not split into {ctx.local_batch} samples")
+    first_row = ctx.sample_offset * (rows // ctx.local_batch)
+    key = _mix_int(_mix_int(_mix_int(ctx.seed) ^ ctx.step) ^ layer)
+    row = torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device)
+    col = torch.arange(col_offset, col_offset + cols, dtype=torch.int64, device=device)
+    index = row[:, None] * global_cols + col[None, :]
+    bits = _shift_right(mix64(index ^ key), 40)  # 24 uniform bits
+    threshold = int(round(p * (1 << 24)))
+    return (bits >= threshold).view(shape)
+
+
+class IndexedDropout(nn.Module):
+    """`nn.Dropout` with masks from `keep_mask`; `layer` must be unique in the model."""
+
+    def __init__(self, p: float, layer: int = 0) -> None:
+        super().__init__()
+        self.p = p
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, col_offset: int = 0, global_cols: int | None = None) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = keep_mask(tuple(x.shape), self.p, self.layer, col_offset=col_offset,
+                         global_cols=global_cols, device=x.device)
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, layer={self.layer}"
