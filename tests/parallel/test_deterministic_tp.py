@@ -52,11 +52,8 @@ def _ring_order(t, group):
     return total
 
 
-def tp_matches_serial(data: str, break_order: bool) -> list[str]:
-    if break_order:
-        import credit.kernels.gemm._dtensor as dt
-
-        dt._tree_reduce = _ring_order
+def tp_matches_serial(data: str) -> list[str]:
+    """What differs between one process and this rank's tp-sharded model (empty: nothing)."""
     torch.manual_seed(0)
     model = build_model(DET_MODEL, **LAYOUT).train()
     serial = copy.deepcopy(model)
@@ -82,17 +79,35 @@ def tp_matches_serial(data: str, break_order: bool) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_is_bitwise_serial(tp):
-    results = run_ranks(tp_matches_serial, tp, "none", False)
-    assert results == [[]] * tp, results[0]
+def all_checks(with_fsdp2_and_ring: bool) -> dict[str, list[str]]:
+    """One launch per tp degree (spawning ranks dominates the cost): tensor parallelism
+    alone, under fully_shard, then with rank-order summation patched in."""
+    out = {"tp": tp_matches_serial("none")}
+    if with_fsdp2_and_ring:
+        out["fsdp2"] = tp_matches_serial("fsdp2")
+        import credit.kernels.gemm._dtensor as dt
+
+        dt._tree_reduce = _ring_order
+        out["ring"] = tp_matches_serial("none")
+    return out
 
 
-def test_under_fully_shard_on_the_2d_mesh():
-    results = run_ranks(tp_matches_serial, 4, "fsdp2", False)
-    assert results == [[]] * 4, results[0]
+@pytest.fixture(scope="module")
+def tp4():
+    return run_ranks(all_checks, 4, True)
 
 
-def test_a_different_summation_order_breaks_it():
-    results = run_ranks(tp_matches_serial, 4, "none", True)
-    assert results[0], "rank-order summation at tp=4 still matched serial: the test cannot see order"
+def test_tp2_is_bitwise_serial():
+    assert run_ranks(all_checks, 2, False) == [{"tp": []}] * 2
+
+
+def test_tp4_is_bitwise_serial(tp4):
+    assert [r["tp"] for r in tp4] == [[]] * 4, tp4[0]["tp"]
+
+
+def test_under_fully_shard_on_the_2d_mesh(tp4):
+    assert [r["fsdp2"] for r in tp4] == [[]] * 4, tp4[0]["fsdp2"]
+
+
+def test_a_different_summation_order_breaks_it(tp4):
+    assert tp4[0]["ring"], "rank-order summation at tp=4 still matched serial: the test cannot see order"
