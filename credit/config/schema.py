@@ -105,7 +105,7 @@ class SchedulerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_n_steps: int = 75  # 0: only at the end of the run
+    every_n_steps: int = 50  # 0: only at the end of the run
     keep_latest_k: int = 2
 
 
@@ -135,7 +135,7 @@ class LossConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 150
+    max_steps: int = 100
     steps_per_job: int = 0  # stop this job after N steps (checkpointed); 0: run to max_steps
     seed: int = 42
     resume: str = "auto"  # auto | never | path to a checkpoint
@@ -143,7 +143,7 @@ class TrainerConfig:
     batch_size: int = 16  # per data-parallel rank
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    valid_every_n_steps: int = 75  # 0: validate only at the end
+    valid_every_n_steps: int = 50  # 0: validate only at the end
     progress_bar: bool = True  # tqdm on a terminal; a plain line every log_every_n_steps otherwise
     log_every_n_steps: int = 50
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
