@@ -234,6 +234,13 @@ def validate_config(cfg: DictConfig) -> None:
     _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
     validate_trainer(cfg.trainer)
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
+    if cfg.model.gemm == "deterministic":
+        par = cfg.trainer.parallelism
+        _check(par.data in ("fsdp2", "none"), "trainer.parallelism.data", par.data,
+               "model.gemm=deterministic supports 'fsdp2' or 'none' (its reduce-scatter adds ranks "
+               "in a fixed tree; replicate's all-reduce does not yet)")
+        _check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
+               "model.gemm=deterministic computes in fp32; use 'none'")
     validate_data(cfg.data)
     validate_rollout(cfg.rollout)
     variables = cfg.data.variables

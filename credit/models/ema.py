@@ -19,8 +19,12 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        # shadow += (param - shadow) * (1 - decay) in three single-rounding ops, not lerp_:
+        # lerp's vector loop fuses a multiply-add its scalar tail does not, and sharding moves
+        # elements between the two (deterministic mode needs the same bits in every layout)
         for name, param in model.named_parameters():
-            self.shadow[name].lerp_(param.detach(), 1.0 - self.decay)
+            shadow = self.shadow[name]
+            shadow.add_((param.detach() - shadow) * (1.0 - self.decay))
 
     @torch.no_grad()
     def reset_to(self, model: nn.Module) -> None:

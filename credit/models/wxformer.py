@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from credit.config.validate import deterministic_split_error, heads_split_error
+from credit.config.validate import heads_split_error
 from credit.kernels.gemm import DetLinear
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
+from credit.models.modes import check_deterministic_split, layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
 
 
@@ -52,28 +54,6 @@ class WXFormerSpec:
     gemm: str = "fast"  # fast | deterministic (see docs/determinism.md)
 
 
-def _linear(gemm: str):
-    """The projection class: torch's Linear, or the batch-invariant fixed-tree one."""
-    return DetLinear if gemm == "deterministic" else nn.Linear
-
-
-def _check_deterministic_split(what: str, width: int, tp_size: int) -> None:
-    problem = deterministic_split_error(what, "width", width, tp_size)
-    if problem:
-        raise ValueError(problem)
-
-
-def _shard_of(weight: torch.Tensor) -> tuple[int, int]:
-    """(offset, global size) of this rank's rows of a colwise weight (0, rows if unsharded)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    if not isinstance(weight, DTensor):
-        return 0, weight.shape[0]
-    _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
-    return offset[0], weight.shape[0]
-
-
 class Attention(nn.Module):
     """Multi-head self-attention inside windows of a channels-last (B, H, W, C) grid.
 
@@ -91,8 +71,9 @@ class Attention(nn.Module):
     def __init__(self, dim: int, dim_head: int, window: int, kind: str, dropout: float,
                  gemm: str = "fast") -> None:
         super().__init__()
-        inner = self._init_windows(dim, dim_head, window, kind, dropout)
-        linear = _linear(gemm)
+        kit = layer_kit(gemm)
+        inner = self._init_windows(dim, dim_head, window, kind, dropout, kit.layer_norm)
+        linear = kit.linear
         self.to_q = linear(dim, inner, bias=False)
         self.to_k = linear(dim, inner, bias=False)
         self.to_v = linear(dim, inner, bias=False)
@@ -101,7 +82,8 @@ class Attention(nn.Module):
         if gemm == "deterministic":
             self.indexed_dropout = IndexedDropout(dropout)
 
-    def _init_windows(self, dim: int, dim_head: int, window: int, kind: str, dropout: float) -> int:
+    def _init_windows(self, dim: int, dim_head: int, window: int, kind: str, dropout: float,
+                      layer_norm: type[nn.LayerNorm] = nn.LayerNorm) -> int:
         """Everything but the projections (shared with the legacy layout); returns the
         projections' inner width, whole heads of `dim_head`."""
         if kind not in ("local", "global"):
@@ -111,7 +93,7 @@ class Attention(nn.Module):
         self.kind = kind
         self.dropout = dropout
         self.indexed_dropout: IndexedDropout | None = None  # deterministic mode sets it
-        self.norm = nn.LayerNorm(dim)
+        self.norm = layer_norm(dim)
         return (dim // dim_head) * dim_head
 
     @staticmethod
@@ -125,7 +107,7 @@ class Attention(nn.Module):
                 f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
         if isinstance(module.to_q, DetLinear):
-            _check_deterministic_split("attention width", module.to_q.out_features, tp_size)
+            check_deterministic_split("attention width", module.to_q.out_features, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -136,7 +118,7 @@ class Attention(nn.Module):
             x = x.view(b, s, h // s, s, w // s, c).permute(0, 2, 4, 1, 3, 5)
         return x.reshape(-1, s * s, c)
 
-    def _from_windows(self, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    def _from_windows(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         b, h, w, c = shape
         s = self.window
         if self.kind == "local":
@@ -172,7 +154,7 @@ class Attention(nn.Module):
         probs = torch.softmax(scores, dim=-1)
         if self.training and self.indexed_dropout.p > 0.0:
             n, heads, length, _ = probs.shape
-            head_offset, global_width = _shard_of(self.to_q.weight)
+            head_offset, global_width = shard_of(self.to_q.weight)
             mask = self.indexed_dropout(
                 torch.ones((n, length * length, heads), dtype=probs.dtype, device=probs.device),
                 col_offset=head_offset // self.dim_head, global_cols=global_width // self.dim_head,
@@ -181,11 +163,15 @@ class Attention(nn.Module):
         return torch.matmul(probs, v)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.indexed_dropout is not None:
+            # Deterministic mode projects per sample before windowing (each sample's rows stay
+            # together for the row tree) and adds the q, k, v input gradients in order.
+            for_q, for_k, for_v = fan_out(self.norm(x), 3)
+            q, k, v = (self._to_windows(proj(t)) for proj, t in
+                       ((self.to_q, for_q), (self.to_k, for_k), (self.to_v, for_v)))
+            merged = self._from_windows(self._attend(q, k, v), (*x.shape[:-1], q.shape[-1]))
+            return self.to_out(merged)
         windows = self._to_windows(self.norm(x))
-        if self.indexed_dropout is not None:  # deterministic mode: q, k, v gradients add in order
-            for_q, for_k, for_v = fan_out(windows, 3)
-            merged = self._attend(self.to_q(for_q), self.to_k(for_k), self.to_v(for_v))
-            return self._from_windows(self.to_out(merged), x.shape)
         merged = self._attend(self.to_q(windows), self.to_k(windows), self.to_v(windows))
         return self._from_windows(self.to_out(merged), x.shape)
 
@@ -198,8 +184,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, dim: int, mult: int, dropout: float, gemm: str = "fast") -> None:
         super().__init__()
-        linear = _linear(gemm)
-        self.norm = nn.LayerNorm(dim)
+        kit = layer_kit(gemm)
+        linear = kit.linear
+        self.norm = kit.layer_norm(dim)
         self.up = linear(dim, dim * mult)
         self.down = linear(dim * mult, dim)
         self.dropout = IndexedDropout(dropout) if gemm == "deterministic" else nn.Dropout(dropout)
@@ -207,12 +194,12 @@ class FeedForward(nn.Module):
     @staticmethod
     def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
         if isinstance(module.up, DetLinear):
-            _check_deterministic_split("feed-forward width", module.up.out_features, tp_size)
+            check_deterministic_split("feed-forward width", module.up.out_features, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = F.gelu(self.up(self.norm(x)))
         if isinstance(self.dropout, IndexedDropout):
-            offset, width = _shard_of(self.up.weight)
+            offset, width = shard_of(self.up.weight)
             return self.down(self.dropout(hidden, col_offset=offset, global_cols=width))
         return self.down(self.dropout(hidden))
 
@@ -267,11 +254,12 @@ class CrossEmbed(nn.Module):
                  gemm: str = "fast"):
         super().__init__()
         self.ordered_fan_out = gemm == "deterministic"
+        conv = layer_kit(gemm).conv
         kernels = sorted(kernel_sizes)
         widths = [dim_out // 2 ** (i + 1) for i in range(len(kernels) - 1)]
         widths.append(dim_out - sum(widths))
         self.convs = nn.ModuleList(
-            nn.Conv2d(dim_in, width, k, stride=stride, padding=(k - stride) // 2)
+            conv(dim_in, width, k, stride=stride, padding=(k - stride) // 2)
             for k, width in zip(kernels, widths)
         )
 
@@ -280,20 +268,20 @@ class CrossEmbed(nn.Module):
         return torch.cat([conv(xi) for conv, xi in zip(self.convs, inputs)], dim=1)
 
 
-def _group_norm(channels: int) -> nn.GroupNorm:
-    groups = math.gcd(channels, 8)
-    return nn.GroupNorm(groups, channels)
+def _group_norm(channels: int, kit: SimpleNamespace) -> nn.GroupNorm:
+    return kit.group_norm(math.gcd(channels, 8), channels)
 
 
 class UpBlock(nn.Module):
     """Transposed-convolution upsampling followed by a residual 3x3 convolution."""
 
-    def __init__(self, dim_in: int, dim_out: int, scale: int) -> None:
+    def __init__(self, dim_in: int, dim_out: int, scale: int, gemm: str = "fast") -> None:
         super().__init__()
-        self.up = nn.ConvTranspose2d(dim_in, dim_out, kernel_size=scale, stride=scale)
-        self.norm = _group_norm(dim_out)
-        self.conv = nn.Conv2d(dim_out, dim_out, 3, padding=1)
-        self.conv_norm = _group_norm(dim_out)
+        kit = layer_kit(gemm)
+        self.up = kit.conv_transpose(dim_in, dim_out, kernel_size=scale, stride=scale)
+        self.norm = _group_norm(dim_out, kit)
+        self.conv = kit.conv(dim_out, dim_out, 3, padding=1)
+        self.conv_norm = _group_norm(dim_out, kit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.silu(self.norm(self.up(x)))
@@ -341,9 +329,9 @@ class WXFormer(nn.Module):
         self.ups = nn.ModuleList()
         width = spec.dim[-1]
         for i in range(len(spec.dim) - 1, 0, -1):
-            self.ups.append(UpBlock(width, spec.dim[i - 1], spec.cross_embed_strides[i]))
+            self.ups.append(UpBlock(width, spec.dim[i - 1], spec.cross_embed_strides[i], spec.gemm))
             width = 2 * spec.dim[i - 1]
-        self.head = nn.ConvTranspose2d(
+        self.head = layer_kit(spec.gemm).conv_transpose(
             width,
             spec.out_channels,
             kernel_size=spec.cross_embed_strides[0],

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from credit.parallel.mesh import all_ranks_mesh
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
+from credit.parallel.tree_reduce import TreeReduceScatter
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,27 @@ def _has_tp_params(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def _data_parallel_wrap(data: str, mixed_precision: str, reshard_after_forward: bool,
+                        deterministic: bool, dp_mesh: DeviceMesh):
+    """`wrap(module_or_modules, mesh)` applying `data` ("fsdp2" or "ddp") to one unit."""
+    policy = MixedPrecisionPolicy()
+    if mixed_precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if data != "fsdp2":
+        if deterministic:
+            raise ValueError(f"model.gemm=deterministic supports data parallelism fsdp2 or none, got {data}")
+        return partial(replicate, mp_policy=policy)
+    shard = partial(fully_shard, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+
+    def wrap(module, mesh: DeviceMesh) -> None:
+        shard(module, mesh=mesh)
+        if deterministic:  # tp peers in a dp x tp unit hold identical gradient copies
+            unit = module[0] if isinstance(module, list) else module
+            unit.set_custom_reduce_scatter(TreeReduceScatter(mesh.size() // dp_mesh.size()))
+
+    return wrap
+
+
 def parallelize_model(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -60,6 +82,7 @@ def parallelize_model(
     mixed_precision: str = "none",
     reshard_after_forward: bool = True,
     shard_granularity: str = "block",
+    deterministic: bool = False,
 ) -> nn.Module:
     """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
 
@@ -69,8 +92,10 @@ def parallelize_model(
     and `shard_granularity` chooses the units: "block" (each `_shard_units` block its own
     unit: lowest peak memory, collectives overlap compute) or "grouped" (one unit for the
     tp-sharded blocks and one for the rest: two gathers and two reduce-scatters a step, for
-    small models where collective latency dominates). All are validated values
-    (`credit.config.validate` holds those rules). Returns the model (modified in place).
+    small models where collective latency dominates). `deterministic` (fsdp2 or none) gives
+    every FSDP2 unit a reduce-scatter that adds ranks in a fixed tree and does not average
+    (`credit.parallel.tree_reduce`). All are validated values (`credit.config.validate`
+    holds those rules). Returns the model (modified in place).
     """
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     if tp_mesh.size() > 1:
@@ -84,13 +109,7 @@ def parallelize_model(
 
     if data == "none":
         return model
-    policy = MixedPrecisionPolicy()
-    if mixed_precision == "bf16":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if data == "fsdp2":
-        wrap = partial(fully_shard, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    else:
-        wrap = partial(replicate, mp_policy=policy)
+    wrap = _data_parallel_wrap(data, mixed_precision, reshard_after_forward, deterministic, dp_mesh)
     # Blocks without tp parameters are identical on tp peers: shard them over every rank.
     everyone = all_ranks_mesh(mesh) if tp_mesh.size() > 1 else dp_mesh
     with_tp = [unit for unit in units if _has_tp_params(unit)]

@@ -26,6 +26,9 @@ class WeightedMSE(nn.Module):
         self.register_buffer("lat_weights", lat_weights.view(1, 1, -1, 1), persistent=False)
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
 
+    def weight(self, squared: torch.Tensor) -> torch.Tensor:
+        """The per-element weights applied to squared errors (B, C, lat, lon)."""
+        return squared * self.lat_weights * self.chan_weights
+
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        squared = (prediction - target) ** 2
-        return (squared * self.lat_weights * self.chan_weights).mean()
+        return self.weight((prediction - target) ** 2).mean()

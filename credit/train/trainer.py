@@ -31,8 +31,10 @@ from credit.data import (
     latitude_weights,
     model_layout,
 )
+from credit.kernels.gemm._tree import tree_sum
 from credit.models import EMA, build_model
 from credit.models.dropout import dropout_step
+from credit.parallel.exact_norm import clip_grad_norm_exact_
 from credit.parallel import (
     Runtime,
     clip_grad_norm_,
@@ -41,6 +43,8 @@ from credit.parallel import (
     seed_for_step,
     sync_replicated_gradients,
 )
+from credit.train.deterministic import forecast_sample_sums, global_loss
+from credit.train.elementwise_adamw import ElementwiseAdamW
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
@@ -75,6 +79,7 @@ class Trainer:
         self.cfg = cfg
         self.runtime = runtime
         self.run_dir = Path(cfg.run_dir)
+        self.deterministic = cfg.model.gemm == "deterministic"
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", cfg.trainer.checkpoint.keep_latest_k
         )
@@ -118,6 +123,7 @@ class Trainer:
                 mixed_precision=par.mixed_precision,
                 reshard_after_forward=par.reshard_after_forward,
                 shard_granularity=par.shard_granularity,
+                deterministic=self.deterministic,
             )
         ema = cfg.trainer.ema
         self.ema = EMA(self.model, ema.decay) if ema.enabled else None
@@ -125,7 +131,8 @@ class Trainer:
     def _build_optimization(self) -> None:
         trainer, rt = self.cfg.trainer, self.runtime
         opt = trainer.optimizer
-        self.optimizer = torch.optim.AdamW(
+        adamw = ElementwiseAdamW if self.deterministic else torch.optim.AdamW
+        self.optimizer = adamw(
             self.model.parameters(),
             lr=opt.lr,
             betas=tuple(opt.betas),
@@ -208,22 +215,13 @@ class Trainer:
         if p.batch_in_epoch == self.sampler.batches_per_epoch:
             p.epoch, p.batch_in_epoch = p.epoch + 1, 0
 
-    def _mean_over_dp(self, value: float) -> float:
-        """The loss averaged over data-parallel replicas (tp peers already agree)."""
-        mesh = self.runtime.mesh
-        if mesh is None or mesh["dp"].size() == 1:
-            return value
-        total = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(total, group=mesh["dp"].get_group())
-        return float(total) / mesh["dp"].size()
-
     def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> StepResult:
         """One optimizer step over `trainer.grad_accum_steps` micro-batches."""
         trainer, rt = self.cfg.trainer, self.runtime
         started = time.perf_counter()
         seed_for_step(trainer.seed, rt.dp_rank, self.step)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = 0.0
+        losses = []
         for micro in range(trainer.grad_accum_steps):
             batch = {k: v.to(rt.device) for k, v in next(batches).items()}
             self._advance_position()
@@ -232,10 +230,8 @@ class Trainer:
             # the context spans backward too, where activation checkpointing recomputes them.
             with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * local_batch,
                               local_batch):
-                loss = forecast_loss(self.model, batch, self.loss_fn)
-                (loss / trainer.grad_accum_steps).backward()
-            loss_value += loss.item() / trainer.grad_accum_steps
-        loss_value = self._mean_over_dp(loss_value)  # every rank agrees before deciding
+                losses.append(self._backward(batch))
+        loss_value = self._step_loss(losses)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
             raise FloatingPointError(
                 f"loss became {loss_value} at step {self.step + 1}; lower "
@@ -244,7 +240,10 @@ class Trainer:
         if rt.mesh is not None:
             sync_replicated_gradients(self.model, rt.mesh["tp"])
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
-        grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
+        if self.deterministic:
+            grad_norm = clip_grad_norm_exact_(self.model.parameters(), max_norm)
+        else:
+            grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -252,6 +251,39 @@ class Trainer:
             self.ema.update(self.model)
         self.progress.step += 1
         return StepResult(loss_value, grad_norm, lr, time.perf_counter() - started)
+
+    def _backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns what `_step_loss` combines:
+        the micro-batch's mean loss, or in deterministic mode its per-sample sums."""
+        accum = self.cfg.trainer.grad_accum_steps
+        if not self.deterministic:
+            loss = forecast_loss(self.model, batch, self.loss_fn)
+            (loss / accum).backward()
+            return loss.detach()
+        sums = forecast_sample_sums(self.model, batch, self.loss_fn.weight)
+        # every sample's backward seed: 1 / (global batch x elements x forecast steps),
+        # the same constant in every layout (and no averaging over dp afterwards)
+        target = batch["target"]
+        global_batch = self.sampler.global_batch_size * accum
+        self._loss_scale = 1.0 / (global_batch * target[0, 0].numel() * target.shape[1])
+        (tree_sum(list(sums.unbind(0))) * self._loss_scale).backward()
+        return sums.detach()
+
+    def _step_loss(self, losses: list[torch.Tensor]) -> float:
+        """The step's loss, the same on every rank: the mean over micro-batches and dp
+        replicas, or in deterministic mode the tree over every sample of the step."""
+        mesh = self.runtime.mesh
+        dp_group = mesh["dp"].get_group() if mesh is not None else None
+        if self.deterministic:
+            return global_loss(losses, self._loss_scale, dp_group)
+        value = 0.0
+        for loss in losses:
+            value += float(loss) / len(losses)
+        if mesh is None or mesh["dp"].size() == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total, group=dp_group)
+        return float(total) / mesh["dp"].size()
 
     def validate(self) -> dict[str, float]:
         return evaluate(

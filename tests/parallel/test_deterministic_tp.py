@@ -1,10 +1,11 @@
 """Deterministic mode (`model.gemm=deterministic`): tensor parallelism changes no bit.
 
 Real gloo ranks. Every rank first computes the serial model (no parallelism) on the same
-batch, then the same model sharded over tp = 2 or 4 (torch's Colwise/RowwiseParallel with
+batch, then the same model sharded over tp = 4 (torch's Colwise/RowwiseParallel with
 DetLinear, fixed-tree reductions across ranks), dropout on, and compares the loss, the
 output and every gradient bitwise. A deliberately different cross-rank summation order
-(rank order left to right, as a ring would add) must break the equality at tp = 4.
+(rank order left to right, as a ring would add) must break the equality. Training in
+every (dp, tp) layout, FSDP2 included, is tests/train/test_deterministic_training.py.
 """
 
 import copy
@@ -79,34 +80,24 @@ def tp_matches_serial(data: str) -> list[str]:
     return wrong
 
 
-def all_checks(with_fsdp2_and_ring: bool) -> dict[str, list[str]]:
-    """One launch per tp degree (spawning ranks dominates the cost): tensor parallelism
-    alone, under fully_shard, then with rank-order summation patched in."""
-    out = {"tp": tp_matches_serial("none")}
-    if with_fsdp2_and_ring:
-        out["fsdp2"] = tp_matches_serial("fsdp2")
-        import credit.kernels.gemm._dtensor as dt
+def tree_then_ring() -> dict[str, list[str]]:
+    """One launch (spawning ranks dominates the cost): the fixed tree, then rank-order
+    summation patched in over the same model and batch."""
+    out = {"tree": tp_matches_serial("none")}
+    import credit.kernels.gemm._dtensor as dt
 
-        dt._tree_reduce = _ring_order
-        out["ring"] = tp_matches_serial("none")
+    dt._tree_reduce = _ring_order
+    out["ring"] = tp_matches_serial("none")
     return out
 
 
 @pytest.fixture(scope="module")
 def tp4():
-    return run_ranks(all_checks, 4, True)
-
-
-def test_tp2_is_bitwise_serial():
-    assert run_ranks(all_checks, 2, False) == [{"tp": []}] * 2
+    return run_ranks(tree_then_ring, 4)
 
 
 def test_tp4_is_bitwise_serial(tp4):
-    assert [r["tp"] for r in tp4] == [[]] * 4, tp4[0]["tp"]
-
-
-def test_under_fully_shard_on_the_2d_mesh(tp4):
-    assert [r["fsdp2"] for r in tp4] == [[]] * 4, tp4[0]["fsdp2"]
+    assert [r["tree"] for r in tp4] == [[]] * 4, tp4[0]["tree"]
 
 
 def test_a_different_summation_order_breaks_it(tp4):

@@ -1,41 +1,137 @@
-"""`model.gemm=deterministic` through `credit train`: one process vs tensor parallelism.
+"""`model.gemm=deterministic` through `credit train`: the layout changes no bit.
 
-Same seed and global batch, dropout on: per-step training losses equal bitwise
-(check_parity.py --exact) between one process and tp = 2 (one dp rank), and the run trains.
+One global batch of 4 samples, dropout on, trained for a few steps at every (dp, tp) in
+{(1,1), (1,2), (1,4), (2,1), (2,2), (4,1)} (FSDP2 with tensor parallelism): per-step losses,
+gradient norms, learning rates and validation scores equal bitwise
+(`check_parity.py --exact` and the whole metrics.csv), and the final checkpoints
+(model, EMA and optimizer state, gathered to full tensors) bitwise equal. A dp2 x tp2 run
+with one rank killed (SIGKILL) between checkpoints, relaunched at dp4 with resume=auto,
+ends with the uninterrupted run's bits.
 """
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-# two 2-head stages of width 64: 32 per rank at tp=2, a whole GEMM leaf
-DETERMINISTIC = ["model.gemm=deterministic", "model.dim=[64,64]", "model.dim_head=32",
-                 "model.attn_dropout=0.1", "model.ff_dropout=0.1", "trainer.max_steps=8",
-                 "trainer.batch_size=2", "trainer.checkpoint.every_n_steps=0",
-                 "trainer.valid_every_n_steps=0", "data.valid_samples=2"]
+STEPS = 8
+GLOBAL_BATCH = 4
+# two 4-head stages of width 128: 32 per rank at tp=4, a whole GEMM leaf
+DETERMINISTIC = ["model.gemm=deterministic", "model.dim=[128,128]", "model.dim_head=32",
+                 "model.attn_dropout=0.1", "model.ff_dropout=0.1", f"trainer.max_steps={STEPS}",
+                 "trainer.checkpoint.every_n_steps=0", "trainer.valid_every_n_steps=4",
+                 "data.valid_samples=2", "trainer.parallelism.data=fsdp2", "trainer.ema.enabled=true"]
+LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)]  # the issue's matrix
 
 
-def _train(overrides, nproc=1):
+def _train(overrides, nproc):
     result = subprocess.run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc),
                              *overrides], capture_output=True, text=True, env=ENV, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
-def test_tensor_parallel_training_is_bitwise_one_process(tiny_overrides, tmp_path):
-    _train(tiny_overrides(tmp_path / "serial", *DETERMINISTIC))
-    tp = _train(tiny_overrides(tmp_path / "tp2", *DETERMINISTIC, "trainer.parallelism.data=none",
-                               "trainer.parallelism.tensor=2"), nproc=2)
-    assert "tp=2" in tp.stdout + tp.stderr
-    check = subprocess.run([*CHECK, str(tmp_path / "serial"), str(tmp_path / "tp2"), "--exact"],
+def _metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if k != "samples_per_s"} for row in csv.DictReader(f)]
+
+
+def _final_state(run: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    checkpoint = max(p for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    out = scratch / f"{run.name}.pt"
+    dcp_to_torch_save(checkpoint, out)
+    state = torch.load(out, weights_only=False)
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+
+    walk("", state)
+    return flat
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_data, tmp_path_factory):
+    from tiny import tiny_overrides
+
+    root = tmp_path_factory.mktemp("deterministic")
+    out = {}
+    for dp, tp in LAYOUTS:
+        run = root / f"dp{dp}_tp{tp}"
+        result = _train(tiny_overrides(tiny_data, f"run_dir={run}", *DETERMINISTIC,
+                                       f"trainer.batch_size={GLOBAL_BATCH // dp}",
+                                       f"trainer.parallelism.tensor={tp}"), nproc=dp * tp)
+        if tp > 1:
+            assert f"tp={tp}" in result.stdout + result.stderr
+        out[dp, tp] = run
+    return root, out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda l: f"dp{l[0]}_tp{l[1]}")
+def test_layout_is_bitwise_one_process(runs, layout, tmp_path):
+    _, out = runs
+    serial, other = out[1, 1], out[layout]
+    check = subprocess.run([*CHECK, str(serial), str(other), "--exact"],
                            capture_output=True, text=True, env=ENV, timeout=120)
-    assert check.returncode == 0, check.stdout
-    assert check.stdout.startswith("PASS: 8 steps match exactly")
-    with open(tmp_path / "serial" / "metrics.csv") as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+    assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), check.stdout
+    assert _metrics(other) == _metrics(serial)  # grad norms, lr, validation RMSEs too
+    ref, got = _final_state(serial, tmp_path), _final_state(other, tmp_path)
+    assert sorted(got) == sorted(ref)
+    assert any(k.startswith("ema.") for k in ref) and any(k.endswith(".exp_avg") for k in ref)
+    different = [k for k in ref if not torch.equal(ref[k], got[k])]
+    assert not different, different[:5]
+
+
+def test_the_run_trains(runs):
+    losses = [float(r["loss"]) for r in _metrics(runs[1][1, 1]) if r["split"] == "train"]
     assert losses[-1] < losses[0]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, tmp_path):
+    from tiny import tiny_overrides
+
+    run = tmp_path / "killed"
+
+    def launch(dp, tp):
+        return [sys.executable, "-m", "credit.cli", "train", "--nproc", str(dp * tp),
+                *tiny_overrides(tiny_data, f"run_dir={run}", *DETERMINISTIC,
+                                "trainer.checkpoint.every_n_steps=2",
+                                f"trainer.batch_size={GLOBAL_BATCH // dp}",
+                                f"trainer.parallelism.tensor={tp}")]
+
+    agent = subprocess.Popen(launch(2, 2), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and agent.poll() is None:
+        metrics = run / "metrics.csv"
+        if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= 5:
+            os.kill(_children(agent.pid)[-1], signal.SIGKILL)  # one rank, mid-step
+            break
+        time.sleep(0.02)
+    assert agent.wait(timeout=120) != 0, "the run finished before the kill"
+    _train(launch(4, 1)[6:], nproc=4)  # resume=auto at dp4 x tp1
+    serial = runs[1][1, 1]
+    check = subprocess.run([*CHECK, str(serial), str(run), "--exact"],
+                           capture_output=True, text=True, env=ENV, timeout=120)
+    assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), check.stdout
+    ref, got = _final_state(serial, tmp_path), _final_state(run, tmp_path)
+    different = [k for k in ref if k in got and not torch.equal(ref[k], got[k])]
+    assert not different and set(ref) <= set(got), different[:5]

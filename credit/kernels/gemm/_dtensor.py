@@ -80,7 +80,7 @@ def tree_all_reduce_grad(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
 
 
 def dtensor_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, groups: int = 1
 ) -> torch.Tensor:
     """Forward of ``DetLinear`` when its weight (or input) is a DTensor."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -115,23 +115,24 @@ def dtensor_linear(
         x_local = tree_all_reduce_grad(local(x, Replicate(), "input", grad=[Replicate()]), group)
         if bias is not None:
             b_local = local(bias, Shard(0), "bias")
-        y = linear_local(x_local, weight.to_local(), b_local, backend)
+        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups)
         return DTensor.from_local(y, mesh, [Shard(y.dim() - 1)], run_check=False)
     if isinstance(wp, Shard) and wp.dim == 1:  # RowwiseParallel
         x_in = x
         if isinstance(x, DTensor):
             x_in = local(x, Shard(x.dim() - 1), "input")
-        part = linear_local(x_in, weight.to_local(), None, backend, out_dtype=torch.float32)
+        part = linear_local(x_in, weight.to_local(), None, backend, out_dtype=torch.float32,
+                            groups=groups)
         # Reduce before adding the bias so the sum order matches the K tree.
         y = tree_all_reduce(part, group)
         if bias is not None:
-            y = add_bias_fp32(y, local(bias, Replicate(), "bias"), backend)
+            y = add_bias_fp32(y, local(bias, Replicate(), "bias"), backend, groups)
         return DTensor.from_local(y.to(weight.dtype), mesh, [Replicate()], run_check=False)
     if isinstance(wp, Replicate):
         x_local = local(x, Replicate(), "input")
         if bias is not None:
             b_local = local(bias, Replicate(), "bias")
-        y = linear_local(x_local, weight.to_local(), b_local, backend)
+        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups)
         return DTensor.from_local(y, mesh, [Replicate()], run_check=False)
     raise NotImplementedError(
         f"DetLinear: weight placement {wp} is not supported; use Shard(0) "

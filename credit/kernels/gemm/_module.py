@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._ops import _is_dtensor, det_linear
+from ._ops import _is_dtensor, linear_local
 
 
 class DetLinear(nn.Linear):
@@ -27,9 +27,14 @@ class DetLinear(nn.Linear):
         dtype: torch.dtype | None = None,
         *,
         backend: str = "auto",
+        group_rows: bool = False,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.backend = backend
+        # True: the input's leading dimension indexes samples, and each sample's rows are
+        # padded to whole 32-row leaves in dW / dbias (so a batch split at sample boundaries
+        # is a split of the row tree, whatever the rows per sample).
+        self.group_rows = group_rows
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, backend: str = "auto") -> DetLinear:
@@ -40,14 +45,16 @@ class DetLinear(nn.Linear):
         new.weight = linear.weight
         new.bias = linear.bias  # None registers an absent bias, as nn.Linear does
         new.backend = backend
+        new.group_rows = False
         return new
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        groups = input.shape[0] if self.group_rows and input.dim() > 2 else 1
         if _is_dtensor(self.weight) or _is_dtensor(input):
             from ._dtensor import dtensor_linear
 
-            return dtensor_linear(input, self.weight, self.bias, self.backend)
-        return det_linear(input, self.weight, self.bias, backend=self.backend)
+            return dtensor_linear(input, self.weight, self.bias, self.backend, groups)
+        return linear_local(input, self.weight, self.bias, self.backend, groups=groups)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"

@@ -133,11 +133,33 @@ def det_mm(
     return _DetMM.apply(a, b, name, odt)
 
 
+def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """Rows of ``t (M, N)`` as ``groups`` equal consecutive groups, each zero-padded to whole
+    ``LEAF``-row leaves, so a reduction over rows never mixes two groups in one leaf (a
+    group's rows, e.g. one sample's tokens, then form whole subtrees of the row tree)."""
+    from ._tree import LEAF
+
+    rows = t.shape[0] // groups
+    if groups <= 1 or rows % LEAF == 0:  # one group: the kernel pads its last leaf itself
+        return t
+    padded = -(-rows // LEAF) * LEAF
+    out = t.new_zeros((groups, padded, t.shape[1]))
+    out[:, :rows] = t.view(groups, rows, t.shape[1])
+    return out.view(groups * padded, t.shape[1])
+
+
+def row_sum(g: torch.Tensor, groups: int, backend: str, dtype: torch.dtype) -> torch.Tensor:
+    """Sum over the rows of ``g (M, N)`` with the fixed row tree, rows in ``groups``."""
+    g = pad_row_groups(g, groups)
+    ones = torch.ones((1, g.shape[0]), dtype=g.dtype, device=g.device)
+    return _mm(ones, g, backend, dtype)[0]
+
+
 class _DetLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, backend, out_dtype):  # type: ignore[override]
+    def forward(ctx, x2, weight, bias, backend, out_dtype, groups=1):  # type: ignore[override]
         ctx.save_for_backward(x2, weight)
-        ctx.backend = backend
+        ctx.backend, ctx.groups = backend, groups
         ctx.has_bias = bias is not None
         wt = weight.t()
         if bias is None:
@@ -155,12 +177,11 @@ class _DetLinear(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = _mm(g, weight, be, dt)  # (M, N) @ (N, K): tree over N
-        if ctx.needs_input_grad[1]:
-            gw = _mm(g.t(), x2, be, dt)  # (N, M) @ (M, K): tree over rows M
+        if ctx.needs_input_grad[1]:  # (N, M) @ (M, K): tree over rows M (grouped)
+            gw = _mm(pad_row_groups(g, ctx.groups).t(), pad_row_groups(x2, ctx.groups), be, dt)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            ones = torch.ones((1, g.shape[0]), dtype=dt, device=g.device)
-            gb = _mm(ones, g, be, dt)[0]  # same row tree as dW
-        return gx, gw, gb, None, None
+            gb = row_sum(g, ctx.groups, be, dt)  # same row tree as dW
+        return gx, gw, gb, None, None, None
 
 
 class _BiasAdd(torch.autograd.Function):
@@ -168,8 +189,8 @@ class _BiasAdd(torch.autograd.Function):
     (the same reduction as ``det_linear``'s bias gradient)."""
 
     @staticmethod
-    def forward(ctx, y32, bias, backend):  # type: ignore[override]
-        ctx.backend, ctx.bias_dtype = backend, bias.dtype
+    def forward(ctx, y32, bias, backend, groups=1):  # type: ignore[override]
+        ctx.backend, ctx.bias_dtype, ctx.groups = backend, bias.dtype, groups
         return y32 + bias.to(torch.float32)
 
     @staticmethod
@@ -178,14 +199,13 @@ class _BiasAdd(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1]).to(ctx.bias_dtype)
         gb = None
         if ctx.needs_input_grad[1]:
-            ones = torch.ones((1, g.shape[0]), dtype=g.dtype, device=g.device)
-            gb = _mm(ones, g, ctx.backend, ctx.bias_dtype)[0]
-        return grad, gb, None
+            gb = row_sum(g, ctx.groups, ctx.backend, ctx.bias_dtype)
+        return grad, gb, None, None
 
 
-def add_bias_fp32(y32: torch.Tensor, bias: torch.Tensor, backend: str) -> torch.Tensor:
-    """fp32 ``y32 (*, N) + bias (N,)`` with a batch-tree bias gradient."""
-    return _BiasAdd.apply(y32, bias, resolve(backend, y32.device))
+def add_bias_fp32(y32: torch.Tensor, bias: torch.Tensor, backend: str, groups: int = 1) -> torch.Tensor:
+    """fp32 ``y32 (*, N) + bias (N,)`` with a batch-tree bias gradient (rows in ``groups``)."""
+    return _BiasAdd.apply(y32, bias, resolve(backend, y32.device), groups)
 
 
 def linear_local(
@@ -194,8 +214,11 @@ def linear_local(
     bias: torch.Tensor | None,
     backend: str,
     out_dtype: torch.dtype | None = None,
+    groups: int = 1,
 ) -> torch.Tensor:
-    """``det_linear`` with an optional fp32 output (used for TP partial sums)."""
+    """``det_linear`` with an optional fp32 output (used for TP partial sums) and the rows
+    reduced for ``dW``/``dbias`` as ``groups`` equal groups padded to whole leaves
+    (``pad_row_groups``)."""
     op = "det_linear"
     _check_tensor("x", x, op)
     _check_tensor("weight", weight, op)
@@ -216,7 +239,10 @@ def linear_local(
             raise ValueError(f"{op}: bias must have shape ({N},), got {tuple(bias.shape)}")
     odt = _check_out_dtype(out_dtype, x.dtype, op)
     name = resolve(backend, x.device)
-    y = _DetLinear.apply(x.reshape(-1, K), weight, bias, name, odt)
+    rows = x.numel() // K if K else 0
+    if groups < 1 or rows % groups:
+        raise ValueError(f"{op}: {rows} rows do not split into {groups} equal groups")
+    y = _DetLinear.apply(x.reshape(-1, K), weight, bias, name, odt, groups)
     return y.reshape(*x.shape[:-1], N)
 
 

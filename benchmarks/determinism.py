@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Cost of deterministic mode: its train step over the fast mode's, on the default experiment.
+
+One process (or one torchrun launch) builds two trainers on the same data, one per
+`model.gemm`, and times their real train steps interleaved (det, fast, det, fast, ...), so
+both see the same machine state. Reported: the median step time of each and their ratio,
+the share of the deterministic step spent inside the GEMM kernels (timed around every
+kernel call), and the peak resident memory of a process training only one mode (separate
+processes: memory is not noisy, and one process cannot separate two models' peaks).
+
+    python benchmarks/determinism.py [--steps 12] [--layout single|dp2xtp2] [--out FILE]
+
+Goal (issue): deterministic / fast <= 1.3 at one process and at dp2 x tp2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAYOUTS = {"single": (1, ["parallelism=single"]),
+           "dp2xtp2": (4, ["parallelism=fsdp2_tp2", "trainer.batch_size=8"])}
+COMMON = ["trainer.progress_bar=false", "trainer.valid_every_n_steps=0",
+          "trainer.checkpoint.every_n_steps=0", "trainer.resume=never"]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _timed_kernels() -> list[float]:
+    """Wrap the GEMM kernel lookup so every kernel call adds its seconds to the list."""
+    import credit.kernels.gemm._ops as ops
+
+    spent: list[float] = []
+    lookup = ops.kernel
+
+    def timed(backend):
+        run = lookup(backend)
+
+        def call(*args):
+            start = time.perf_counter()
+            out = run(*args)
+            spent.append(time.perf_counter() - start)
+            return out
+
+        return call
+
+    ops.kernel = timed
+    return spent
+
+
+def _trainer(overrides: list[str], mode: str, run_dir: str, runtime=None):
+    from credit.config import compose_config
+    from credit.parallel import build_runtime
+    from credit.train.trainer import Trainer
+
+    cfg = compose_config([*overrides, *COMMON, f"model.gemm={mode}", f"run_dir={run_dir}"])
+    runtime = runtime or build_runtime(cfg)
+    trainer = Trainer(cfg, runtime)
+    trainer.setup()
+    trainer.model.train()
+    return trainer, runtime
+
+
+def compare(overrides: list[str], steps: int, out: str) -> None:
+    """One rank: both trainers, steps interleaved; rank 0 writes the timings as JSON."""
+    import torch.distributed as dist
+
+    spent = _timed_kernels()
+    scratch = tempfile.mkdtemp()
+    det, runtime = _trainer(overrides, "deterministic", f"{scratch}/det")
+    fast, _ = _trainer(overrides, "fast", f"{scratch}/fast", runtime)
+    det_batches, fast_batches = iter(det.loader), iter(fast.loader)
+    times = {"deterministic": [], "fast": []}
+    gemm = []
+    for i in range(steps + 2):  # two warm-up steps each
+        spent.clear()
+        t_det = det.train_step(det_batches).seconds
+        in_kernels = sum(spent)
+        t_fast = fast.train_step(fast_batches).seconds
+        if i >= 2:
+            times["deterministic"].append(t_det)
+            times["fast"].append(t_fast)
+            gemm.append(in_kernels / t_det)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(dict(times=times, gemm_share=gemm)))
+
+
+def peak_memory(overrides: list[str], mode: str, steps: int, out: str) -> None:
+    trainer, _ = _trainer(overrides, mode, tempfile.mkdtemp())
+    batches = iter(trainer.loader)
+    for _ in range(steps):
+        trainer.train_step(batches)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(str(peak))
+
+
+def _launch(ranks: int, *args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    prefix = [sys.executable]
+    if ranks > 1:
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    subprocess.run([*prefix, __file__, *args], check=True, env=env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="single")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    ranks, overrides = LAYOUTS[args.layout]
+    if args.worker == "compare":
+        return compare(overrides, args.steps, args.result)
+    if args.worker == "memory":
+        return peak_memory(overrides, args.mode, args.steps, args.result)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = f"{tmp}/compare.json"
+        _launch(ranks, "--layout", args.layout, "--steps", str(args.steps), "--worker", "compare",
+                "--result", result)
+        data = json.loads(Path(result).read_text())
+        peaks = {}
+        for mode in ("deterministic", "fast"):
+            _launch(ranks, "--layout", args.layout, "--steps", "3", "--worker", "memory", "--mode", mode,
+                    "--result", f"{tmp}/{mode}")
+            peaks[mode] = max(int(p.read_text()) for p in Path(tmp).glob(f"{mode}.*"))
+    det, fast = (statistics.median(data["times"][m]) for m in ("deterministic", "fast"))
+    ratios = [d / f for d, f in zip(data["times"]["deterministic"], data["times"]["fast"])]
+    lines = [
+        f"# Deterministic vs fast train step: default experiment, layout {args.layout}",
+        "",
+        f"Machine: {_cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, {ranks} rank(s); "
+        f"{args.steps} interleaved steps per mode after 2 warm-up steps.",
+        "",
+        "| measure | deterministic | fast | ratio |",
+        "| --- | --- | --- | --- |",
+        f"| median step (s) | {det:.3f} | {fast:.3f} | {det / fast:.2f}x |",
+        f"| per-pair ratio, min / median / max | | | {min(ratios):.2f} / {statistics.median(ratios):.2f} / "
+        f"{max(ratios):.2f} |",
+        f"| peak RSS per rank (MiB) | {peaks['deterministic'] / 2**20:.0f} | {peaks['fast'] / 2**20:.0f} | "
+        f"{peaks['deterministic'] / peaks['fast']:.2f}x |",
+        f"| share of the deterministic step in GEMM kernels | {statistics.median(data['gemm_share']):.0%} | | |",
+        "",
+        f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --steps {args.steps}`",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

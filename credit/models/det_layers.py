@@ -1,0 +1,104 @@
+"""The wxformer's convolutions and norms for deterministic mode, through the fixed-tree GEMM.
+
+Same parameters and state-dict keys as the torch layers they subclass (checkpoints move
+between modes), different arithmetic: every reduction over the batch (weight and bias
+gradients, norm affine gradients) is the GEMM's row tree with each sample's rows padded to
+whole 32-row leaves, so a batch split at sample boundaries is a split of that tree, and
+every forward row is computed alone (batch invariance). Hand-written because torch's
+convolutions (oneDNN) and norm backward kernels pick their reduction order by shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from credit.kernels.gemm._ops import linear_local, row_sum
+from credit.kernels.gemm._registry import resolve
+
+_BACKEND = "auto"
+
+
+class DetConv2d(nn.Conv2d):
+    """`nn.Conv2d` (zero padding, one group) as im2col rows times the GEMM."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.groups != 1 or self.padding_mode != "zeros":
+            raise NotImplementedError("DetConv2d supports groups=1 and zero padding")
+        b, _, h, w = x.shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
+        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        cols = F.unfold(x, self.kernel_size, dilation=self.dilation, padding=self.padding, stride=self.stride)
+        y = linear_local(cols.transpose(1, 2), self.weight.view(self.out_channels, -1), self.bias,
+                         _BACKEND, groups=b)
+        # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
+        return y.transpose(1, 2).reshape(b, self.out_channels, ho, wo).contiguous()
+
+
+class DetConvTranspose2d(nn.ConvTranspose2d):
+    """`nn.ConvTranspose2d` with kernel == stride (no overlap): one GEMM per input pixel."""
+
+    def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if (self.kernel_size != self.stride or self.padding != (0, 0) or self.output_padding != (0, 0)
+                or self.dilation != (1, 1) or self.groups != 1 or output_size is not None):
+            raise NotImplementedError("DetConvTranspose2d supports kernel_size == stride only")
+        b, c_in, h, w = x.shape
+        kh, kw = self.kernel_size
+        weight = self.weight.reshape(c_in, -1).t()  # (C_out * kh * kw, C_in)
+        y = linear_local(x.permute(0, 2, 3, 1), weight, None, _BACKEND, groups=b)
+        y = y.view(b, h, w, self.out_channels, kh, kw).permute(0, 1, 4, 2, 5, 3)
+        y = y.reshape(b, h * kh, w * kw, self.out_channels)  # channels-last rows per sample
+        if self.bias is not None:
+            y = channel_affine(y, None, self.bias)
+        return y.permute(0, 3, 1, 2).contiguous()
+
+
+class _ChannelAffine(torch.autograd.Function):
+    """`x * weight + bias` over the last dim; weight/bias gradients by the row tree."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.groups, ctx.has_bias = groups, bias is not None
+        y = x * weight if weight is not None else x
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        backend = resolve(_BACKEND, grad.device)
+        rows = grad.reshape(-1, grad.shape[-1])
+        gx = grad * weight if weight is not None else grad
+        gw = gb = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            gw = row_sum(rows * x.reshape(rows.shape), ctx.groups, backend, weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = row_sum(rows, ctx.groups, backend, rows.dtype)
+        return gx, gw, gb, None
+
+
+def channel_affine(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """Per-channel affine on channels-last `x (B, ..., C)`; rows grouped by sample."""
+    return _ChannelAffine.apply(x, weight, bias, x.shape[0])
+
+
+class DetLayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` over the last dim: torch's per-row normalisation, tree affine gradients."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        return channel_affine(normed, self.weight, self.bias)
+
+
+class DetGroupNorm(nn.GroupNorm):
+    """`nn.GroupNorm` on (B, C, H, W): per-sample statistics, tree affine gradients."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # contiguous NCHW: torch's channels-last group norm chooses its algorithm by batch size
+        normed = F.group_norm(x.contiguous(), self.num_groups, None, None, self.eps)
+        out = channel_affine(normed.permute(0, 2, 3, 1), self.weight, self.bias)
+        return out.permute(0, 3, 1, 2).contiguous()

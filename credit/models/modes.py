@@ -1,0 +1,41 @@
+"""What `model.gemm` changes in the wxformer: the layer classes, and the tp-shard helpers
+the deterministic blocks use (see docs/determinism.md)."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from credit.config.validate import deterministic_split_error
+from credit.kernels.gemm import DetLinear
+from credit.models.det_layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
+
+
+def layer_kit(gemm: str) -> SimpleNamespace:
+    """The layer classes of a mode: torch's, or the fixed-tree ones (same parameters and
+    state-dict keys) whose batch reductions group rows per sample."""
+    if gemm == "deterministic":
+        return SimpleNamespace(linear=partial(DetLinear, group_rows=True), layer_norm=DetLayerNorm,
+                               group_norm=DetGroupNorm, conv=DetConv2d, conv_transpose=DetConvTranspose2d)
+    return SimpleNamespace(linear=nn.Linear, layer_norm=nn.LayerNorm, group_norm=nn.GroupNorm,
+                           conv=nn.Conv2d, conv_transpose=nn.ConvTranspose2d)
+
+
+def check_deterministic_split(what: str, width: int, tp_size: int) -> None:
+    problem = deterministic_split_error(what, "width", width, tp_size)
+    if problem:
+        raise ValueError(problem)
+
+
+def shard_of(weight: torch.Tensor) -> tuple[int, int]:
+    """(offset, global size) of this rank's rows of a colwise weight (0, rows if unsharded)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(weight, DTensor):
+        return 0, weight.shape[0]
+    _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+    return offset[0], weight.shape[0]
