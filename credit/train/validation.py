@@ -52,13 +52,17 @@ def evaluate(
         history_len = state.shape[1]
         target = batch["target"][:, 0]
         prediction = model(model_input(state, forcing[:, history_len], static))
-        loss_sum += float(loss_fn(prediction, target)) * target.shape[0]
-        loss_count += target.shape[0]
         error = (prediction.double().cpu() - target.double().cpu()) * std
-        model_sq += (error**2 * weights).sum(dim=(0, 2, 3))
         persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
         persistence = persistence * std[:, :state_channels]
-        persist_sq += (persistence**2 * weights).sum(dim=(0, 2, 3))
+        model_per_sample = (error**2 * weights).sum(dim=(2, 3))
+        persist_per_sample = (persistence**2 * weights).sum(dim=(2, 3))
+        # sample by sample, in order: the totals do not depend on how samples were batched
+        for i in range(target.shape[0]):
+            loss_sum += float(loss_fn(prediction[i : i + 1], target[i : i + 1]))
+            model_sq += model_per_sample[i]
+            persist_sq += persist_per_sample[i]
+        loss_count += target.shape[0]
         points += target.shape[0] * target.shape[2] * target.shape[3]
     model.train(was_training)
     if points == 0:

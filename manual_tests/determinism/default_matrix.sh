@@ -2,7 +2,7 @@
 # Deterministic mode on the default experiment (default model, embedded data, global batch 8,
 # dropout 0.1 on attention and feed-forward, EMA on): train STEPS steps at every (dp, tp) the
 # default model allows (its stage 0 is 64 wide: tp <= 2), then compare each run's per-step
-# losses with one process's, bitwise.  Usage: manual_tests/determinism/default_matrix.sh [STEPS] [OUT]
+# losses and every other metrics.csv value with one process's, bitwise.  Usage: manual_tests/determinism/default_matrix.sh [STEPS] [OUT]
 set -euo pipefail
 steps=${1:-30}
 out=${2:-runs/determinism_matrix}
@@ -21,4 +21,11 @@ for layout in "dp1_tp2 2 8 2" "dp2_tp1 2 4 1" "dp2_tp2 4 4 2" "dp4_tp1 4 2 1"; d
   run "$1" "$2" "$3" "$4"
   printf '%s: ' "$1"
   python manual_tests/gen2_parallelism/check_parity.py "$out/dp1_tp1" "$out/$1" --exact
+  python - "$out/dp1_tp1/metrics.csv" "$out/$1/metrics.csv" <<'PY'
+import csv, sys
+rows = [[{k: v for k, v in r.items() if k != "samples_per_s"} for r in csv.DictReader(open(p))]
+        for p in sys.argv[1:]]
+print("  every metrics.csv value (grad norms, lr, validation):",
+      "identical" if rows[0] == rows[1] else "DIFFERENT")
+PY
 done

@@ -30,7 +30,7 @@ GLOBAL_BATCH = 4
 DETERMINISTIC = ["model.gemm=deterministic", "model.dim=[128,128]", "model.dim_head=32",
                  "model.attn_dropout=0.1", "model.ff_dropout=0.1", f"trainer.max_steps={STEPS}",
                  "trainer.checkpoint.every_n_steps=0", "trainer.valid_every_n_steps=4",
-                 "data.valid_samples=2", "trainer.parallelism.data=fsdp2", "trainer.ema.enabled=true"]
+                 "data.valid_samples=8", "trainer.parallelism.data=fsdp2", "trainer.ema.enabled=true"]
 LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)]  # the matrix
 
 
