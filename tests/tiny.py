@@ -28,8 +28,12 @@ TINY_MODEL = [
 
 def tiny_overrides(data_root: Path | str, *extra: str) -> list[str]:
     """Overrides for the tiny model on the tiny dataset; later entries win."""
+    return [*TINY_MODEL, *tiny_data_overrides(data_root, *extra)]
+
+
+def tiny_data_overrides(data_root: Path | str, *extra: str) -> list[str]:
+    """Overrides for the tiny dataset and short runs, the model left at its defaults."""
     return [
-        *TINY_MODEL,
         f"data.root={data_root}",
         "data.generate_if_missing=false",
         f"data.levels=[{','.join(str(v) for v in TINY_LEVELS)}]",

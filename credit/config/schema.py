@@ -20,7 +20,9 @@ class ModelConfig:
     """The wxformer, sized for the embedded 32x64 grid."""
 
     name: str = "wxformer"
-    dim: List[int] = field(default_factory=lambda: [64, 128, 256])  # width of each encoder stage
+    # width of each encoder stage; 128 at stage 0 gives deterministic mode whole 32-wide GEMM
+    # leaves per rank up to tp=4 (docs/determinism.md)
+    dim: List[int] = field(default_factory=lambda: [128, 128, 256])
     depth: List[int] = field(default_factory=lambda: [1, 1, 1])  # transformer rounds per stage
     dim_head: int = 16
     local_window_size: List[int] = field(default_factory=lambda: [4, 4, 2])

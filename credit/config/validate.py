@@ -236,9 +236,6 @@ def validate_config(cfg: DictConfig) -> None:
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
     if cfg.model.gemm == "deterministic":
         par = cfg.trainer.parallelism
-        _check(par.data in ("fsdp2", "none"), "trainer.parallelism.data", par.data,
-               "model.gemm=deterministic supports 'fsdp2' or 'none' (its reduce-scatter adds ranks "
-               "in a fixed tree; replicate's all-reduce does not yet)")
         _check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
                "model.gemm=deterministic computes in fp32; use 'none'")
     validate_data(cfg.data)

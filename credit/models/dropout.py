@@ -3,10 +3,11 @@
 Deterministic mode (`model.gemm=deterministic`) needs the serial run and every (dp, tp)
 layout to drop the same elements. A mask drawn from a generator cannot give that: the
 draws depend on the local shape and on what was drawn before. Here each element's keep
-decision is a counter-based hash (splitmix64's finaliser) of a per-step key and the
-element's index in the *global* tensor (global sample, row, global column), so a tp rank
-holding columns 64..127 and a dp rank holding samples 4..7 draw exactly what the serial
-run draws there. Hand-written because torch offers no counter-based random op on CPU.
+decision is a counter-based hash of a per-step key and the element's position in the
+*global* tensor: splitmix64's finaliser of its global row (sample and position within the
+sample) and of its global column, combined per element by one more multiply-xorshift
+round, so a tp rank holding columns 64..127 and a dp rank holding samples 4..7 draw
+exactly what the serial run draws there. Hand-written because torch offers no counter-based random op on CPU.
 
 The trainer sets the step context (`dropout_step`) before each forward; outside it
 (inference, evaluation) the modules are identities unless training, and training without
@@ -33,6 +34,8 @@ def _signed(value: int) -> int:
 _GOLDEN = _signed(0x9E3779B97F4A7C15)
 _MUL1 = _signed(0xBF58476D1CE4E5B9)
 _MUL2 = _signed(0x94D049BB133111EB)
+_COLUMN_SALT = _signed(0xD1B54A32D192ED03)  # column hashes differ from row hashes of the same index
+_CHUNK = 1 << 16  # elements per pass of the per-element round
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
@@ -98,12 +101,19 @@ def keep_mask(shape: tuple[int, ...], p: float, layer: int, *, col_offset: int =
         raise ValueError(f"dropout input rows {rows} do not split into {ctx.local_batch} samples")
     first_row = ctx.sample_offset * (rows // ctx.local_batch)
     key = _mix_int(_mix_int(_mix_int(ctx.seed) ^ ctx.step) ^ layer)
-    row = torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device)
-    col = torch.arange(col_offset, col_offset + cols, dtype=torch.int64, device=device)
-    index = row[:, None] * global_cols + col[None, :]
-    bits = _shift_right(mix64(index ^ key), 40)  # 24 uniform bits
+    # a full hash per global row and per global column, then one multiply-xorshift round per
+    # element on their xor (cheaper than hashing every element's flat index)
+    row_hash = mix64(torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device) ^ key)
+    col_hash = mix64(torch.arange(col_offset, col_offset + cols, dtype=torch.int64, device=device) + _COLUMN_SALT)
     threshold = int(round(p * (1 << 24)))
-    return (bits >= threshold).view(shape)
+    keep = torch.empty((rows, cols), dtype=torch.bool, device=device)
+    step = max(1, _CHUNK // cols)  # row blocks with cache-sized int64 temporaries
+    for start in range(0, rows, step):
+        z = row_hash[start:start + step, None] ^ col_hash[None, :]
+        z = (z ^ _shift_right(z, 32)) * _MUL1
+        z = z ^ _shift_right(z, 29)
+        torch.ge(_shift_right(z, 40), threshold, out=keep[start:start + step])  # top 24 bits
+    return keep.view(shape)
 
 
 class IndexedDropout(nn.Module):

@@ -2,11 +2,12 @@
 
 Deterministic mode clips with it: a float sum of squares depends on the order of its terms
 (float64 only makes a mismatch rare), and the clip factor then differs in its last bit
-between layouts. Here each gradient element's square (exact in float64 for float32 and
-bfloat16 gradients) is split into its binary exponent and two 26-bit halves of its
-mantissa, and the halves are added as integers per exponent, which is exact in any order,
-on any rank, in any collective. The per-exponent integer sums are then turned into one
-float64 in a fixed order, identical on every rank and in every layout. Hand-written:
+between layouts. Here each gradient element, read as a float32 (exact for float32,
+bfloat16 and float16 gradients), is its 24-bit integer significand m times a power of two
+fixed by its 8-bit exponent field, so its square is m**2 (< 2**48) times a power of two
+fixed by that field. m**2 is split into three integer products below 2**24 that are added
+per exponent field (256 bins), exactly in any order, on any rank, in any collective;
+the bins are combined into one Python integer and rounded to float64 once. Hand-written:
 torch has no order-free reduction.
 """
 
@@ -18,20 +19,35 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-_OFFSET = 1100  # float64 binary exponents of squares lie well inside [-1100, 1100)
-_HALF = 26
+_BINS = 256  # float32 exponent fields
+_CHUNK = 1 << 18  # elements per pass: cache-sized temporaries; float64 bin sums stay exact
+# m = hi * 2**12 + lo, so m**2 = hi**2 * 2**24 + 2 * hi * lo * 2**12 + lo**2: three products
+# below 2**24 each, summed per bin
+_WEIGHTS = (1 << 24, 2 << 12, 1)
+
+
+def _int32(value: int) -> torch.Tensor:
+    # a 0-dim int32 operand keeps torch on its vectorised int32 kernels (a Python int does not)
+    return torch.tensor(value, dtype=torch.int32)
 
 
 def _bins(t: torch.Tensor) -> torch.Tensor:
-    """(2, 2 * _OFFSET) int64: per exponent, summed high and low mantissa halves of t**2."""
-    squares = t.detach().reshape(-1).to(torch.float64) ** 2
-    mantissa, exponent = torch.frexp(squares)  # squares = mantissa * 2**exponent, mantissa in [0.5, 1)
-    bits = (mantissa * 2.0**53).to(torch.int64)  # exact: 53 significant bits at most
-    index = (exponent.to(torch.int64) + _OFFSET).cpu()
-    bins = torch.zeros(2, 2 * _OFFSET, dtype=torch.int64)
-    bins[0].index_add_(0, index, (bits >> _HALF).cpu())
-    bins[1].index_add_(0, index, (bits & ((1 << _HALF) - 1)).cpu())
-    return bins
+    """(3, 256) int64: per float32 exponent field, the sums of hi**2, hi*lo and lo**2 over
+    the elements' 24-bit significands m = hi * 2**12 + lo."""
+    flat = t.detach().reshape(-1).to(torch.float32)
+    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64)
+    for part in flat.split(_CHUNK):
+        bits = part.contiguous().view(torch.int32)
+        field = torch.bitwise_and(torch.bitwise_right_shift(bits, _int32(23)), _int32(0xFF))
+        significand = torch.bitwise_and(bits, _int32(0x7FFFFF))
+        significand = torch.where(field > 0, torch.bitwise_or(significand, _int32(0x800000)), significand)
+        hi = torch.bitwise_right_shift(significand, _int32(12))
+        lo = torch.bitwise_and(significand, _int32(0xFFF))
+        index = field.to(torch.int64).cpu()
+        for row, product in enumerate((hi * hi, hi * lo, lo * lo)):  # each < 2**24: exact int32
+            sums = torch.bincount(index, weights=product.to(torch.float64).cpu(), minlength=_BINS)
+            total[row] += sums.to(torch.int64)  # each sum < 2**42: an exact float64 integer
+    return total
 
 
 def _key(grad: torch.Tensor) -> object:
@@ -44,24 +60,28 @@ def _key(grad: torch.Tensor) -> object:
 def exact_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of all `grads` (plain tensors or DTensors on any meshes), float64, the
     same bits whatever the sharding. Replicated mesh dims count once."""
-    per_key: dict[object, torch.Tensor] = {}
+    per_key: dict[object, list[torch.Tensor]] = {}
     for grad in grads:
         if grad is None:
             continue
         local = grad.to_local() if isinstance(grad, DTensor) else grad
-        key = _key(grad)
-        per_key[key] = per_key.get(key, 0) + _bins(local)
-    total = torch.zeros(2, 2 * _OFFSET, dtype=torch.int64)
-    for key, bins in per_key.items():
+        per_key.setdefault(_key(grad), []).append(local.detach().reshape(-1))
+    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64)
+    for key, locals_ in per_key.items():
+        bins = _bins(torch.cat(locals_))  # integer sums: grouping the elements changes nothing
         if key is not None:  # sum over the mesh dims that shard, once over replicated ones
             mesh, sharded = key
             placements = [Partial() if s else Replicate() for s in sharded]
             bins = DTensor.from_local(bins.to(mesh.device_type), mesh, placements).full_tensor().cpu()
         total += bins
-    value = 0.0
-    for i in (total[0] | total[1]).nonzero().flatten().tolist():  # fixed order: ascending exponents
-        exponent = i - _OFFSET - 53
-        value = value + math.ldexp(float(total[0, i]), exponent + _HALF) + math.ldexp(float(total[1, i]), exponent)
+    # sum of m**2 * 2**(2 * (max(field, 1) - 150)), exact as a Python integer scaled by 2**298
+    if total[:, _BINS - 1].any():  # inf or nan in a gradient
+        return torch.tensor(math.inf, dtype=torch.float64)
+    exact = 0
+    for field in total.any(0).nonzero().flatten().tolist():  # fields in ascending order
+        squares = sum(weight * int(total[row, field]) for row, weight in enumerate(_WEIGHTS))
+        exact += squares << (2 * (max(field, 1) - 1))
+    value = math.ldexp(float(exact), -298)  # one correctly rounded conversion
     return torch.tensor(value, dtype=torch.float64).sqrt()
 
 

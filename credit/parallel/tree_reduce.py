@@ -38,3 +38,28 @@ class TreeReduceScatter(ReduceScatter):
             total = total / self.copies
         output_tensor.copy_(total.view_as(output_tensor))
         return None
+
+
+def tree_all_reduce_gradients(params: list[torch.Tensor], dp_group: dist.ProcessGroup) -> int:
+    """Deterministic mode's data=ddp: every replica's gradients (tp-local shards included)
+    summed over `dp_group` in the rank-order tree, the same bits on every replica, in place.
+    replicate()'s all-reduce cannot take a custom reduction (torch 2.13), so deterministic
+    ddp keeps parameters unwrapped over dp and adds the replicas here, after backward; one
+    all-gather of the flattened gradients. Returns the number of gradients summed."""
+    from torch.distributed.tensor import DTensor
+
+    if dist.get_world_size(dp_group) == 1:
+        return 0
+    local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+             for p in params if p.grad is not None]
+    if not local:
+        return 0
+    flat = torch.cat([g.reshape(-1) for g in local])
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(dp_group))]
+    dist.all_gather(parts, flat, group=dp_group)
+    total = tree_sum(parts)
+    offset = 0
+    for grad in local:
+        grad.copy_(total[offset: offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+    return len(local)

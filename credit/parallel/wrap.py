@@ -59,8 +59,6 @@ def _data_parallel_wrap(data: str, mixed_precision: str, reshard_after_forward: 
     if mixed_precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if data != "fsdp2":
-        if deterministic:
-            raise ValueError(f"model.gemm=deterministic supports data parallelism fsdp2 or none, got {data}")
         return partial(replicate, mp_policy=policy)
     shard = partial(fully_shard, mp_policy=policy, reshard_after_forward=reshard_after_forward)
 
@@ -92,8 +90,9 @@ def parallelize_model(
     and `shard_granularity` chooses the units: "block" (each `_shard_units` block its own
     unit: lowest peak memory, collectives overlap compute) or "grouped" (one unit for the
     tp-sharded blocks and one for the rest: two gathers and two reduce-scatters a step, for
-    small models where collective latency dominates). `deterministic` (fsdp2 or none) gives
-    every FSDP2 unit a reduce-scatter that adds ranks in a fixed tree and does not average
+    small models where collective latency dominates). `deterministic` gives every FSDP2
+    unit a reduce-scatter that adds ranks in a fixed tree and does not average, and with
+    ddp leaves the replicas unwrapped for the trainer's tree all-reduce
     (`credit.parallel.tree_reduce`). All are validated values (`credit.config.validate`
     holds those rules). Returns the model (modified in place).
     """
@@ -108,6 +107,12 @@ def parallelize_model(
         log.info("applied activation checkpointing to %d blocks", len(units))
 
     if data == "none":
+        return model
+    if data == "ddp" and deterministic:
+        # replicate()'s all-reduce takes no custom reduction: parameters stay unwrapped
+        # replicas and the trainer adds gradients in the rank-order tree after backward.
+        log.info("deterministic ddp over dp=%d: gradients summed by the rank-order tree "
+                 "(credit.parallel.tree_reduce.tree_all_reduce_gradients)", dp_mesh.size())
         return model
     wrap = _data_parallel_wrap(data, mixed_precision, reshard_after_forward, deterministic, dp_mesh)
     # Blocks without tp parameters are identical on tp peers: shard them over every rank.

@@ -35,6 +35,7 @@ from credit.kernels.gemm._tree import tree_sum
 from credit.models import EMA, build_model
 from credit.models.dropout import dropout_step
 from credit.parallel.exact_norm import clip_grad_norm_exact_
+from credit.parallel.tree_reduce import tree_all_reduce_gradients
 from credit.parallel import (
     Runtime,
     clip_grad_norm_,
@@ -238,6 +239,8 @@ class Trainer:
                 f"trainer.optimizer.lr or enable trainer.grad_clip"
             )
         if rt.mesh is not None:
+            if self.deterministic and trainer.parallelism.data == "ddp":
+                tree_all_reduce_gradients(list(self.model.parameters()), rt.mesh["dp"].get_group())
             sync_replicated_gradients(self.model, rt.mesh["tp"])
         max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
         if self.deterministic:

@@ -73,10 +73,12 @@ def test_bad_config_is_one_error_naming_the_key(override, named):
 
 
 def test_deterministic_mode_refuses_a_tensor_split_it_cannot_reproduce():
-    # the default stage 0 is 64 wide: 32 per rank at tp=2 (a whole GEMM leaf), 16 at tp=4
-    assert compose_config(["model.gemm=deterministic", "trainer.parallelism.tensor=2"])
+    # the default stages are 128, 128 and 256 wide: 32 per rank at tp=4 (a whole GEMM leaf)
+    for tensor in (2, 4):
+        assert compose_config(["model.gemm=deterministic", f"trainer.parallelism.tensor={tensor}"])
     with pytest.raises(ConfigError) as info:
-        compose_config(["model.gemm=deterministic", "trainer.parallelism.tensor=4"])
+        compose_config(["model.gemm=deterministic", "model.dim=[64,128,256]",
+                        "trainer.parallelism.tensor=4"])
     message = str(info.value)
     assert "model.dim[0]=64" in message and "multiple of 128" in message and "\n" not in message
     with pytest.raises(ConfigError, match="power of two"):

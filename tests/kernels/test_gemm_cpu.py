@@ -100,3 +100,19 @@ def test_mkl_is_not_batch_invariant_here_but_det_mm_is():
     b = C.rand(512, 256, dtype=torch.float32, device=DEVICE, seed=35)
     small, big = C.det_mm(a[:2], b, backend=BACKEND), C.det_mm(a, b, backend=BACKEND)
     C.same(small, big[:2], "det_mm rows at M=2 vs M=8")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("k", [32 * 33, 32 * 64 + 7, 32 * 101 + 31])
+def test_long_k_runs_the_tree_top_as_separate_calls_with_the_same_bits(dtype, k):
+    """A K over CPU_BLOCK_LEAVES leaves is split along T(n)'s top levels (cache blocking for
+    dW over many rows): the result is the one-call kernel's, bit for bit."""
+    from credit.kernels.gemm._ops import CPU_BLOCK_LEAVES
+    from credit.kernels.gemm._registry import kernel
+
+    assert -(-k // 32) > CPU_BLOCK_LEAVES
+    a = C.rand(13, k, dtype=dtype, device=DEVICE, seed=30)
+    b = C.rand(k, 40, dtype=dtype, device=DEVICE, seed=31)
+    for out_dtype in {dtype, torch.float32}:
+        one_call = kernel(BACKEND)(a, b, out_dtype)
+        C.same(C.det_mm(a, b, backend=BACKEND, out_dtype=out_dtype), one_call, f"K={k} blocked")

@@ -198,7 +198,7 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(tiny_data
     import subprocess
     import sys
 
-    base = [*_tiny(tiny_data), "parallelism=fsdp2_tp2", "trainer.max_steps=40",
+    base = [*_tiny(tiny_data), "parallelism=fsdp2_tp2", "trainer.max_steps=16",
             "trainer.checkpoint.every_n_steps=4", "trainer.valid_every_n_steps=0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -219,6 +219,6 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(tiny_data
         time.sleep(0.05)
     assert agent.wait(timeout=120) != 0
     stopped_at = CheckpointManager(killed / "checkpoints", 2).complete_checkpoints()[-1][0]
-    assert 8 <= stopped_at < 40
+    assert 8 <= stopped_at < 16
     assert subprocess.run(launch(killed), env=env, capture_output=True, timeout=600).returncode == 0
-    assert _losses(killed) == _losses(straight) and len(_losses(straight)) == 40
+    assert _losses(killed) == _losses(straight) and len(_losses(straight)) == 16

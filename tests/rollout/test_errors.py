@@ -27,8 +27,8 @@ def refuse(capsys, overrides) -> str:
     (["model.dim=[16,16]", "model.depth=[2,1]"],
      "model config differs from checkpoint"),
     (["data.levels=[500]"], "data.levels: run [500.0], checkpoint [500.0, 850.0]"),
-    (["rollout.init_times=[2002-03-01T00]"], f"rollout init time 2002-03-01T00:00 is outside the data: "
-                                             f"the data under"),
+    (["rollout.init_times=[2002-03-01T00]"], "rollout init time 2002-03-01T00:00 is outside the data: "
+                                             "the data under"),
     (["rollout.init_times=[2001-01-12T12]", "rollout.lead_steps=3"],
      "rollout init time 2001-01-12T12:00 needs data up to 2001-01-13T06:00 (lead_steps=3)"),
     (["rollout.weights=best"], "rollout.weights='best' is invalid: allowed: ['auto', 'ema', 'model']"),

@@ -19,6 +19,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._registry import kernel, resolve
+from ._tree import LEAF, num_leaves
+
+CPU_BLOCK_LEAVES = 32
+"""Longest K (in leaves) the CPU kernel takes in one call; longer ones split along the tree."""
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,6 +78,15 @@ def _mm(a: torch.Tensor, b: torch.Tensor, backend: str, out_dtype: torch.dtype) 
         raise ValueError(f"det_mm: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     if M == 0 or N == 0 or K == 0:
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
+    leaves = num_leaves(K)
+    if backend == "cpu" and leaves > CPU_BLOCK_LEAVES:
+        # A long K (dW over a batch's rows) streams panels larger than the cache; its tree's
+        # top levels run as separate calls: the left ceil(n/2) leaves and the right floor(n/2)
+        # are exactly the subtrees T(ceil(n/2)) and T(floor(n/2)), added once in fp32.
+        split = (leaves + 1) // 2 * LEAF
+        left = _mm(a[:, :split], b[:split], backend, torch.float32)
+        right = _mm(a[:, split:], b[split:], backend, torch.float32)
+        return (left + right).to(out_dtype)
     return kernel(backend)(a, b, out_dtype)
 
 
@@ -137,8 +150,6 @@ def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
     """Rows of ``t (M, N)`` as ``groups`` equal consecutive groups, each zero-padded to whole
     ``LEAF``-row leaves, so a reduction over rows never mixes two groups in one leaf (a
     group's rows, e.g. one sample's tokens, then form whole subtrees of the row tree)."""
-    from ._tree import LEAF
-
     rows = t.shape[0] // groups
     if groups <= 1 or rows % LEAF == 0:  # one group: the kernel pads its last leaf itself
         return t
