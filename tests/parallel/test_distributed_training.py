@@ -83,15 +83,15 @@ def load_and_continue(overrides, checkpoint_step):
 
 @pytest.fixture(scope="module")
 def run_2x2(tmp_path_factory, tiny_data):
-    """dp2 x tp2 FSDP2 with EMA: 20 steps straight, and 10 + resume 10."""
+    """dp2 x tp2 FSDP2 with EMA: 12 steps straight, and 6 + resume 6."""
     root = tmp_path_factory.mktemp("run_2x2")
     base = _tiny(tiny_data) + [
         "parallelism=fsdp2_tp2", "trainer.ema.enabled=true", "trainer.ema.decay=0.9",
-        "trainer.checkpoint.every_n_steps=10", "trainer.checkpoint.keep_latest_k=3",
+        "trainer.checkpoint.every_n_steps=6", "trainer.checkpoint.keep_latest_k=3",
     ]
     started = time.perf_counter()
     results = run_ranks(train_straight_and_resumed, 4, base, str(root / "straight"),
-                        str(root / "resumed"), 20)
+                        str(root / "resumed"), 12)
     return {"root": root, "results": results, "base": base, "seconds": time.perf_counter() - started}
 
 
@@ -111,7 +111,7 @@ def test_replicated_parameters_stay_bitwise_identical_across_tp(run_2x2):
 def test_fsdp2_tp_resume_continues_the_same_trajectory_bitwise(run_2x2):
     root = run_2x2["root"]
     straight, resumed = _losses(root / "straight"), _losses(root / "resumed")
-    assert len(straight) == 20 and resumed == straight
+    assert len(straight) == 12 and resumed == straight
 
 
 @pytest.mark.parametrize(
@@ -120,16 +120,16 @@ def test_fsdp2_tp_resume_continues_the_same_trajectory_bitwise(run_2x2):
      (2, ["parallelism=single", "trainer.parallelism.tensor=2"])],  # dp1 x tp2, no data parallel
 )
 def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, tmp_path, world, layout):
-    checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000010"
+    checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000006"
     overrides = [*run_2x2["base"], *layout, f"run_dir={tmp_path / 'run'}",
-                 f"trainer.resume={checkpoint}", "trainer.max_steps=12"]
-    results = run_ranks(load_and_continue, world, overrides, 10)
-    assert {r["loaded_step"] for r in results} == {10}
+                 f"trainer.resume={checkpoint}", "trainer.max_steps=8"]
+    results = run_ranks(load_and_continue, world, overrides, 6)
+    assert {r["loaded_step"] for r in results} == {6}
     model, ema = results[0]["weights"]
 
     single = _trainer([*run_2x2["base"], "parallelism=single", f"run_dir={tmp_path / 'single'}",
-                       f"trainer.resume={checkpoint}", "trainer.max_steps=12"])
-    assert single.step == 10
+                       f"trainer.resume={checkpoint}", "trainer.max_steps=8"])
+    assert single.step == 6
     reference = single.model.state_dict()
     assert model.keys() == reference.keys()
     for name, tensor in reference.items():
@@ -141,7 +141,7 @@ def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, t
 
     for run in (tmp_path / "run", tmp_path / "single"):
         rows = read_metrics(run / "metrics.csv")
-        assert [int(r["step"]) for r in rows] == [11, 12]
+        assert [int(r["step"]) for r in rows] == [7, 8]
         assert all(float(r["loss"]) > 0 for r in rows)
 
 
@@ -192,33 +192,28 @@ def _children(pid):
         return [int(p) for p in f.read().split()]
 
 
-def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(tiny_data, tmp_path):
-    """SIGKILL one rank of a 4-rank launch between checkpoints; resume=auto relaunches and
-    finishes with the losses of the uninterrupted run, bit for bit."""
+def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, tmp_path):
+    """SIGKILL one rank of a 4-rank torchrun launch between checkpoints; resume=auto
+    relaunches and finishes with the losses of the uninterrupted run (the fixture's 12
+    straight steps, same config), bit for bit."""
     import subprocess
     import sys
 
-    base = [*_tiny(tiny_data), "parallelism=fsdp2_tp2", "trainer.max_steps=16",
-            "trainer.checkpoint.every_n_steps=4", "trainer.valid_every_n_steps=0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def launch(run_dir):
-        return [sys.executable, "-m", "credit.cli", "train", "--nproc", "4", *base,
-                f"run_dir={run_dir}"]
-
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert subprocess.run(launch(straight), env=env, capture_output=True, timeout=600).returncode == 0
-    agent = subprocess.Popen(launch(killed), env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    killed = tmp_path / "killed"
+    launch = [sys.executable, "-m", "credit.cli", "train", "--nproc", "4", *run_2x2["base"],
+              "trainer.max_steps=12", f"run_dir={killed}"]  # checkpoints every 6 steps
+    agent = subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = killed / "metrics.csv"
-        if metrics.exists() and len(metrics.read_text().splitlines()) > 10:
+        if metrics.exists() and len(metrics.read_text().splitlines()) > 7:  # 7 steps logged
             os.kill(_children(agent.pid)[-1], signal.SIGKILL)  # the last rank
             break
         time.sleep(0.05)
     assert agent.wait(timeout=120) != 0
     stopped_at = CheckpointManager(killed / "checkpoints", 2).complete_checkpoints()[-1][0]
-    assert 8 <= stopped_at < 16
-    assert subprocess.run(launch(killed), env=env, capture_output=True, timeout=600).returncode == 0
-    assert _losses(killed) == _losses(straight) and len(_losses(straight)) == 16
+    assert 6 <= stopped_at < 12
+    assert subprocess.run(launch, env=env, capture_output=True, timeout=600).returncode == 0
+    straight = _losses(run_2x2["root"] / "straight")
+    assert _losses(killed) == straight and len(straight) == 12

@@ -2,7 +2,7 @@
 
 The default model (its widths split into whole GEMM leaves up to tp=4) on the tiny 16x32
 dataset, one global batch of 4 samples, dropout 0.1 on attention and feed-forward, EMA on,
-30 steps at every (dp, tp) in {(1,1), (1,2), (1,4), (2,1), (2,2), (4,1)} (FSDP2 with tensor
+30 steps (validation at 15 and 30) at every (dp, tp) in {(1,1), (1,2), (1,4), (2,1), (2,2), (4,1)} (FSDP2 with tensor
 parallelism): per-step losses, gradient norms, learning rates and validation scores equal
 bitwise (`check_parity.py --exact` and the whole metrics.csv), and the final checkpoints
 (model, EMA and optimizer state, gathered to full tensors) bitwise equal. A dp2 x tp2 run
@@ -32,7 +32,7 @@ GLOBAL_BATCH = 4
 CHECKPOINT_EVERY = 8
 DETERMINISTIC = ["model.gemm=deterministic", "model.attn_dropout=0.1", "model.ff_dropout=0.1",
                  f"trainer.max_steps={STEPS}", "trainer.checkpoint.every_n_steps=0",
-                 "trainer.valid_every_n_steps=10", "data.valid_samples=8",
+                 "trainer.valid_every_n_steps=15", "data.valid_samples=8",
                  "trainer.parallelism.data=fsdp2", "trainer.ema.enabled=true"]
 LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)]  # the matrix
 
