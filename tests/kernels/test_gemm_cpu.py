@@ -104,15 +104,15 @@ def test_mkl_is_not_batch_invariant_here_but_det_mm_is():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("k", [32 * 33, 32 * 64 + 7, 32 * 101 + 31])
-def test_long_k_runs_the_tree_top_as_separate_calls_with_the_same_bits(dtype, k):
-    """A K over CPU_BLOCK_LEAVES leaves is split along T(n)'s top levels (cache blocking for
-    dW over many rows): the result is the one-call kernel's, bit for bit."""
-    from credit.kernels.gemm._ops import CPU_BLOCK_LEAVES
-    from credit.kernels.gemm._registry import kernel
-
-    assert -(-k // 32) > CPU_BLOCK_LEAVES
+def test_long_k_in_separate_passes_adds_up_like_its_halves(dtype, k):
+    """A K over the kernel's one-pass block runs T(n)'s top levels as separate passes: the
+    result is the fp32 sum of the two halves' results (T(ceil(n/2)) + T(floor(n/2))), in every
+    input dtype, rounded once to the output dtype."""
     a = C.rand(13, k, dtype=dtype, device=DEVICE, seed=30)
     b = C.rand(k, 40, dtype=dtype, device=DEVICE, seed=31)
+    split = (-(-k // 32) + 1) // 2 * 32
+    left = C.det_mm(a[:, :split], b[:split], backend=BACKEND, out_dtype=torch.float32)
+    right = C.det_mm(a[:, split:], b[split:], backend=BACKEND, out_dtype=torch.float32)
     for out_dtype in {dtype, torch.float32}:
-        one_call = kernel(BACKEND)(a, b, out_dtype)
-        C.same(C.det_mm(a, b, backend=BACKEND, out_dtype=out_dtype), one_call, f"K={k} blocked")
+        got = C.det_mm(a, b, backend=BACKEND, out_dtype=out_dtype)
+        C.same(got, (left + right).to(out_dtype), f"K={k} as its two halves")

@@ -71,15 +71,46 @@ def emulate_contract(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tens
     return out
 
 
-@pytest.mark.parametrize("k", [96, 200, 300])
-def test_cpu_kernel_computes_exactly_the_documented_order(k):
+def _operand(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as ``t`` in another memory layout."""
+    if layout == "col":  # column-major, as dW's gradient operand
+        return t.t().contiguous().t()
+    if layout == "slice":  # a window of a wider row-major matrix, as im2col / split calls
+        wide = torch.zeros(t.shape[0], t.shape[1] + 7)
+        wide[:, 3 : 3 + t.shape[1]] = t
+        return wide[:, 3 : 3 + t.shape[1]]
+    return t
+
+
+# 18 and 41 leaves exceed the kernel's one-pass block (16 leaves): its top levels run as
+# separate passes, which must still be exactly the documented tree.
+@pytest.mark.parametrize("k", [96, 200, 300, 32 * 17 + 3, 32 * 41])
+@pytest.mark.parametrize("layout", ["row", "col", "slice"])
+def test_cpu_kernel_computes_exactly_the_documented_order(k, layout):
     g = torch.Generator().manual_seed(40)
-    a = torch.randn(9, k, generator=g)
-    b = torch.randn(k, 11, generator=g)
-    got = det_mm(a, b, backend="cpu")
+    a = torch.randn(13, k, generator=g)
+    b = torch.randn(k, 37, generator=g)
+    got = det_mm(_operand(a, layout), _operand(b, layout), backend="cpu")
     want = emulate_contract(a, b, "tree")
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     # With >= 4 leaves the tree differs from left-to-right leaf order and the
     # emulation tells them apart, so the equality above pins the tree.
     if num_leaves(k) >= 4:
         assert not torch.equal(want, emulate_contract(a, b, "sequential"))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 5), (45, 37), (32 * 19, 20), (32 * 19 + 9, 20)])
+def test_cpu_column_sum_is_the_one_row_gemm(rows, cols):
+    """The bias gradient's fast column sum has the bits of ``ones(1, M) @ g`` through the
+    kernel (signed zeros included), also on a strided window."""
+    from credit.kernels.gemm import _cpu
+    from credit.kernels.gemm._registry import kernel
+
+    g = torch.Generator().manual_seed(41)
+    wide = torch.randn(rows, cols + 4, generator=g)
+    wide[::3, 1] = -0.0
+    view = wide[:, 2 : 2 + cols]
+    view[:, 0] = -0.0  # all -0: +0 only if each leaf starts from +0 as documented
+    want = kernel("cpu")(torch.ones(1, rows), view, torch.float32)[0]
+    got = _cpu.colsum(view)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -15,8 +15,11 @@ same micro-kernel.  No BLAS library is called.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -53,6 +56,23 @@ def default_isa() -> str:
     return "scalar"
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: str) -> Iterator[None]:
+    """Hold an OS file lock on ``build_dir`` while torch builds/loads the extension.
+
+    torch's own lock is a file that exists while a build runs; a process killed mid-build
+    leaves it behind and every later build waits for it forever. The OS releases our
+    ``flock`` when its holder dies, and every builder of this extension takes it first, so
+    a torch lock file found while holding it is a dead build's leftover and is removed.
+    """
+    os.makedirs(build_dir, exist_ok=True)
+    with open(os.path.join(build_dir, "credit-build.flock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(build_dir, "lock"))
+        yield
+
+
 def load(isa: str | None = None) -> ModuleType:
     """Build (first call) or load the extension for ``isa``; raise on failure."""
     isa = isa or default_isa()
@@ -65,13 +85,17 @@ def load(isa: str | None = None) -> ModuleType:
             from torch.utils import cpp_extension
 
             flags = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
-            mod = cpp_extension.load(
-                name=f"credit_det_gemm_cpu_{isa}",
-                sources=[str(_SRC)],
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
-                verbose=False,
-            )
+            name = f"credit_det_gemm_cpu_{isa}"
+            build_dir = cpp_extension._get_build_directory(name, verbose=False)
+            with _build_lock(build_dir):
+                mod = cpp_extension.load(
+                    name=name,
+                    sources=[str(_SRC)],
+                    extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=build_dir,
+                    verbose=False,
+                )
         except Exception as exc:  # compiler missing, ninja missing, build error
             _errors[isa] = f"building the cpu extension ({isa}) failed: {exc}"
             raise RuntimeError(_errors[isa]) from exc
@@ -96,4 +120,15 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
     out = torch.empty((M, N), dtype=out_dtype, device=a.device)
     n = num_leaves(K)
     mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out)
+    return out
+
+
+def colsum(g: torch.Tensor) -> torch.Tensor:
+    """Sum over the rows of fp32 ``g (M, N)`` with the row tree (``ones(1, M) @ g``'s bits)."""
+    mod = load()
+    if g.shape[1] > 1 and g.stride(1) != 1:
+        g = g.contiguous()
+    out = torch.empty(g.shape[1], dtype=torch.float32, device=g.device)
+    n = num_leaves(g.shape[0])
+    mod.det_colsum(g, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
     return out

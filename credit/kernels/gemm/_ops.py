@@ -19,10 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._registry import kernel, resolve
-from ._tree import LEAF, num_leaves
-
-CPU_BLOCK_LEAVES = 32
-"""Longest K (in leaves) the CPU kernel takes in one call; longer ones split along the tree."""
+from ._tree import LEAF
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -78,15 +75,6 @@ def _mm(a: torch.Tensor, b: torch.Tensor, backend: str, out_dtype: torch.dtype) 
         raise ValueError(f"det_mm: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     if M == 0 or N == 0 or K == 0:
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
-    leaves = num_leaves(K)
-    if backend == "cpu" and leaves > CPU_BLOCK_LEAVES:
-        # A long K (dW over a batch's rows) streams panels larger than the cache; its tree's
-        # top levels run as separate calls: the left ceil(n/2) leaves and the right floor(n/2)
-        # are exactly the subtrees T(ceil(n/2)) and T(floor(n/2)), added once in fp32.
-        split = (leaves + 1) // 2 * LEAF
-        left = _mm(a[:, :split], b[:split], backend, torch.float32)
-        right = _mm(a[:, split:], b[split:], backend, torch.float32)
-        return (left + right).to(out_dtype)
     return kernel(backend)(a, b, out_dtype)
 
 
@@ -162,6 +150,10 @@ def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 def row_sum(g: torch.Tensor, groups: int, backend: str, dtype: torch.dtype) -> torch.Tensor:
     """Sum over the rows of ``g (M, N)`` with the fixed row tree, rows in ``groups``."""
     g = pad_row_groups(g, groups)
+    if backend == "cpu" and g.dtype == torch.float32 and g.shape[0] > 0:
+        from . import _cpu
+
+        return _cpu.colsum(g).to(dtype)  # same bits as the 1-row GEMM below, at memory speed
     ones = torch.ones((1, g.shape[0]), dtype=g.dtype, device=g.device)
     return _mm(ones, g, backend, dtype)[0]
 
