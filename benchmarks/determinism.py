@@ -44,7 +44,7 @@ def _cpu_name() -> str:
 
 
 def _timed_kernels() -> list[float]:
-    """Wrap the GEMM kernel lookup so every kernel call adds its seconds to the list."""
+    """Wrap the GEMM entry points so every kernel call adds its seconds to the list."""
     import credit.kernels.gemm._ops as ops
 
     spent: list[float] = []
@@ -62,6 +62,19 @@ def _timed_kernels() -> list[float]:
         return call
 
     ops.kernel = timed
+
+    from credit.kernels.gemm import _cpu  # the convolutions' gather GEMMs and the column sums
+
+    def timed_call(run):
+        def call(*args):
+            start = time.perf_counter()
+            out = run(*args)
+            spent.append(time.perf_counter() - start)
+            return out
+
+        return call
+
+    _cpu.mm_gather, _cpu.colsum = timed_call(_cpu.mm_gather), timed_call(_cpu.colsum)
     return spent
 
 

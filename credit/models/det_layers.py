@@ -17,6 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm._ops import linear_local, row_sum
 from credit.kernels.gemm._registry import resolve
+from credit.models import det_conv
 
 _BACKEND = "auto"
 
@@ -27,6 +28,12 @@ class DetConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups != 1 or self.padding_mode != "zeros":
             raise NotImplementedError("DetConv2d supports groups=1 and zero padding")
+        if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
+            return det_conv.conv2d(x, self.weight, self.bias, self)  # same bits, no im2col copies
+        return self.matrix_forward(x)
+
+    def matrix_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The definition: im2col rows times the GEMM (any backend)."""
         b, _, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
         ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -45,6 +52,12 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
         if (self.kernel_size != self.stride or self.padding != (0, 0) or self.output_padding != (0, 0)
                 or self.dilation != (1, 1) or self.groups != 1 or output_size is not None):
             raise NotImplementedError("DetConvTranspose2d supports kernel_size == stride only")
+        if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
+            return det_conv.conv_transpose2d(x, self.weight, self.bias)  # same bits, no copies
+        return self.matrix_forward(x)
+
+    def matrix_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The definition: each input pixel's channels times the (C_in, C_out·kh·kw) GEMM."""
         b, c_in, h, w = x.shape
         kh, kw = self.kernel_size
         weight = self.weight.reshape(c_in, -1).t()  # (C_out * kh * kw, C_in)

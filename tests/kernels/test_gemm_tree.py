@@ -114,3 +114,48 @@ def test_cpu_column_sum_is_the_one_row_gemm(rows, cols):
     want = kernel("cpu")(torch.ones(1, rows), view, torch.float32)[0]
     got = _cpu.colsum(view)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def _materialise(base: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    index = row[:, None] + col[None, :]
+    valid = (row[:, None] >= 0) & (col[None, :] >= 0)
+    return torch.where(valid, base[index.clamp(min=0)], torch.zeros(()))
+
+
+@pytest.mark.parametrize("k", [40, 32 * 18 + 5])
+def test_gather_gemm_is_the_gemm_of_the_matrices_its_tables_address(k):
+    """Offset-table operands (with -1 = zero entries, irregular and strided leaves, an output
+    scattered into a larger buffer) give the documented order's bits for the matrices they
+    address, and leave the rest of the output buffer alone."""
+    from credit.kernels.gemm import _cpu
+
+    g = torch.Generator().manual_seed(42)
+    m, n = 11, 19
+    a_base, b_base = torch.randn(4000, generator=g), torch.randn(24000, generator=g)
+    arow = torch.randperm(m, generator=g) * 97
+    acol = torch.arange(k) * 3  # strided leaves
+    acol[5:9] = torch.randperm(400, generator=g)[:4] + 1200  # an irregular (table) leaf
+    acol[-3] = -1
+    brow = torch.arange(k) * 40
+    brow[7] = -1
+    bcol = torch.randperm(n, generator=g) * 2
+    out = torch.full((3000,), 7.0)
+    orow, ocol = torch.arange(m) * 2 * n, torch.arange(n) * 2  # every other element
+    _cpu.mm_gather(a_base, arow, acol, b_base, brow, bcol, out, orow, ocol)
+    want = emulate_contract(_materialise(a_base, arow, acol), _materialise(b_base, brow, bcol), "tree")
+    got = out[orow[:, None] + ocol[None, :]]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    untouched = torch.ones(3000, dtype=torch.bool)
+    untouched[(orow[:, None] + ocol[None, :]).reshape(-1)] = False
+    assert torch.all(out[untouched] == 7.0)
+
+
+def test_gather_gemm_refuses_tables_past_the_end():
+    from credit.kernels.gemm import _cpu
+
+    a, b, out = torch.randn(10), torch.randn(10), torch.zeros(10)
+    ok = torch.arange(2)
+    with pytest.raises(RuntimeError, match="past the end"):
+        _cpu.mm_gather(a, torch.tensor([9, 0]), ok, b, ok, ok, out, ok, ok)
+    with pytest.raises(RuntimeError, match="out table entry out of range"):
+        _cpu.mm_gather(a, ok, ok, b, ok, ok, out, torch.tensor([-1, 0]), ok)

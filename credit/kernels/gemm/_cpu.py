@@ -27,7 +27,8 @@ import torch
 
 from ._tree import merge_schedule, num_leaves, schedule_tensor
 
-_SRC = Path(__file__).with_name("csrc") / "cpu_gemm.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp"]
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -90,7 +91,7 @@ def load(isa: str | None = None) -> ModuleType:
             with _build_lock(build_dir):
                 mod = cpp_extension.load(
                     name=name,
-                    sources=[str(_SRC)],
+                    sources=[str(p) for p in _SOURCES],
                     extra_cflags=flags,
                     extra_ldflags=["-fopenmp"],
                     build_directory=build_dir,
@@ -131,4 +132,22 @@ def colsum(g: torch.Tensor) -> torch.Tensor:
     out = torch.empty(g.shape[1], dtype=torch.float32, device=g.device)
     n = num_leaves(g.shape[0])
     mod.det_colsum(g, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
+    return out
+
+
+def mm_gather(
+    a: torch.Tensor, arow: torch.Tensor, acol: torch.Tensor,
+    b: torch.Tensor, brow: torch.Tensor, bcol: torch.Tensor,
+    out: torch.Tensor, orow: torch.Tensor, ocol: torch.Tensor,
+) -> torch.Tensor:
+    """``out[orow[i] + ocol[j]] = sum_k a[arow[i] + acol[k]] * b[brow[k] + bcol[j]]`` with the
+    fixed K tree, over flat contiguous ``a``, ``b`` and ``out`` (a ``-1`` entry in ``acol``,
+    ``brow`` or ``bcol`` reads as zero): the GEMM over operands that are not matrices in
+    memory (per-sample padded row trees, implicit im2col). Fills and returns ``out``."""
+    mod = load()
+    n = num_leaves(acol.numel())
+    if n == 0:
+        raise ValueError("mm_gather: K must be positive")
+    mod.det_mm_gather(a, arow, acol, b, brow, bcol, out, orow, ocol, schedule_tensor(n, a.device),
+                      merge_schedule(n)[1])
     return out

@@ -1,0 +1,365 @@
+// The GEMM engine declared in cpu_gemm_kernel.h: packing, the register-blocked
+// micro-kernel, the tile loop and the tree-top split of long K.
+#include "cpu_gemm_kernel.h"
+
+namespace credit_gemm {
+
+namespace {
+
+// How a tile reads one leaf of A.
+enum LeafKind : uint8_t { kPacked = 0, kStrided = 1, kTable = 2 };
+
+struct LeafPlan {
+  std::vector<uint8_t> kind;      // per leaf
+  std::vector<int64_t> offset;    // kStrided: col[k0]; kPacked: index into the packed leaves
+  std::vector<int64_t> stride;    // kStrided: col[k0 + 1] - col[k0]
+  int64_t packed = 0;             // number of packed leaves
+};
+
+// One leaf of FMA chains from +0: acc[r][j] = sum_k a(r, k) * b[k][j], k ascending.
+// `A` yields a(r, k) for the tile's rows.
+template <typename A>
+inline void leaf_fma(const A& a, const float* __restrict b, vec (&acc)[MR][NV]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[r][j] = vzero();
+#pragma GCC unroll 2
+  for (int k = 0; k < kLeaf; ++k) {
+    vec bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = vload(b + k * NR + j * VL);
+    a.prepare(k);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vec av = vbcast(a(r, k));
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[r][j] = vfma(av, bv[j], acc[r][j]);
+    }
+  }
+}
+
+struct UnitA {  // a(r, k) = row[r][k]
+  const float* row[MR];
+  inline void prepare(int) const {}
+  inline float operator()(int r, int k) const { return row[r][k]; }
+};
+struct StridedA {  // a(r, k) = row[r][k * s]
+  const float* row[MR];
+  int64_t s;
+  inline void prepare(int) const {}
+  inline float operator()(int r, int k) const { return row[r][k * s]; }
+};
+struct TableA {  // a(r, k) = row[r][col[k]]
+  const float* row[MR];
+  const int64_t* col;
+  mutable int64_t off = 0;
+  inline void prepare(int k) const { off = col[k]; }
+  inline float operator()(int r, int) const { return row[r][off]; }
+};
+struct PackedA {  // a(r, k) = p[k * MR + r]
+  const float* p;
+  inline void prepare(int) const {}
+  inline float operator()(int r, int k) const { return p[k * MR + r]; }
+};
+
+// One MR x NR output tile over all leaves (bp: its packed B panel [Kp][NR]),
+// stored to out[r][0..NR).
+void micro_tile(const float* const* rows, const int64_t* acol, const LeafPlan& plan,
+                const float* packed, const float* __restrict bp, int64_t nleaves,
+                const int32_t* __restrict merges, float* __restrict stack, float* const* out) {
+  vec acc[MR][NV];
+  int64_t top = 0;
+  for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+    const int64_t k0 = leaf * kLeaf;
+    const float* b = bp + k0 * NR;
+    switch (plan.kind[leaf]) {
+      case kStrided: {
+        const int64_t off = plan.offset[leaf], s = plan.stride[leaf];
+        if (s == 1) {
+          UnitA a;
+          for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + off;
+          leaf_fma(a, b, acc);
+        } else {
+          StridedA a;
+          for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + off;
+          a.s = s;
+          leaf_fma(a, b, acc);
+        }
+        break;
+      }
+      case kTable: {
+        TableA a;
+        for (int r = 0; r < MR; ++r) a.row[r] = rows[r];
+        a.col = acol + k0;
+        leaf_fma(a, b, acc);
+        break;
+      }
+      default: {
+        PackedA a{packed + plan.offset[leaf] * kLeaf * MR};
+        leaf_fma(a, b, acc);
+      }
+    }
+    // Tree merges: the stack top is the left operand, the new leaf/subtree
+    // sum the right one (IEEE addition is commutative, so only the pairing
+    // matters for the bits).
+    for (int32_t m = merges[leaf]; m > 0; --m) {
+      --top;
+      const float* s = stack + top * MR * NR;
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) acc[r][j] = vadd(vload(s + r * NR + j * VL), acc[r][j]);
+    }
+    if (leaf + 1 < nleaves) {
+      float* s = stack + top * MR * NR;
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) vstore(s + r * NR + j * VL, acc[r][j]);
+      ++top;
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) vstore(out[r] + j * VL, acc[r][j]);
+}
+
+template <typename T>
+inline float at(const Gather<T>& g, int64_t i, int64_t j) {
+  const int64_t r = g.row[i], c = g.col[j];
+  return (r < 0 || c < 0) ? 0.0f : static_cast<float>(g.base[r + c]);
+}
+
+// Packs B's column panels [p0, p1) (K x N, NR columns each) into [Kp][NR]
+// floats each at dst, zero past K and N.  (B is never read in place: rows at a
+// large power-of-two stride share L1 sets.)
+template <typename T>
+void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, int64_t p1,
+            float* dst) {
+  at::parallel_for(p0, p1, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      float* panel = dst + (p - p0) * Kp * NR;
+      const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
+      bool unit = cols == NR && b.col[n0] >= 0;
+      for (int c = 1; unit && c < NR; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
+      for (int64_t k = 0; k < Kp; ++k) {
+        float* d = panel + k * NR;
+        const int64_t r = k < K ? b.row[k] : -1;
+        if (r < 0) {
+          for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+        } else if (unit) {
+          const T* src = b.base + r + b.col[n0];
+          if constexpr (std::is_same<T, float>::value) {
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
+          } else {
+            for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+          }
+        } else {
+          for (int c = 0; c < NR; ++c) d[c] = c < cols ? at(b, k, n0 + c) : 0.0f;
+        }
+      }
+    }
+  });
+}
+
+// Decides per leaf how fp32 A is read (other dtypes are always packed).
+LeafPlan plan_leaves(const int64_t* acol, int64_t K, int64_t nleaves, bool direct) {
+  LeafPlan plan;
+  plan.kind.assign(static_cast<size_t>(nleaves), kPacked);
+  plan.offset.assign(static_cast<size_t>(nleaves), 0);
+  plan.stride.assign(static_cast<size_t>(nleaves), 0);
+  for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+    const int64_t k0 = leaf * kLeaf;
+    bool whole = direct && k0 + kLeaf <= K;
+    for (int64_t k = k0; whole && k < k0 + kLeaf; ++k) whole = acol[k] >= 0;
+    if (!whole) {
+      plan.offset[leaf] = plan.packed++;
+      continue;
+    }
+    const int64_t s = acol[k0 + 1] - acol[k0];
+    bool strided = true;
+    for (int64_t i = 1; strided && i < kLeaf; ++i) strided = acol[k0 + i] == acol[k0] + i * s;
+    plan.kind[leaf] = strided ? kStrided : kTable;
+    plan.offset[leaf] = strided ? acol[k0] : 0;
+    plan.stride[leaf] = s;
+  }
+  return plan;
+}
+
+// Rows of A per cache block: a block of A (rows x K floats) stays in L2 while
+// every packed B panel sweeps over it (the B panel itself stays in L1).
+constexpr int64_t kBlockBytes = 160 * 1024;
+// Packed B per chunk (see gemm_pass).
+constexpr int64_t kChunkBytes = 256 * 1024;
+
+// One pass over all leaves of K (no tree-top split).
+template <typename T, typename O>
+void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M, int64_t K,
+               int64_t N, const int32_t* sched, int64_t depth) {
+  const int64_t nleaves = (K + kLeaf - 1) / kLeaf;
+  const int64_t Kp = nleaves * kLeaf;
+  const int64_t mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
+  constexpr bool kDirect = std::is_same<T, float>::value;
+  const LeafPlan plan = plan_leaves(a.col, K, nleaves, kDirect);
+  std::vector<float> pa(static_cast<size_t>(mp * plan.packed * kLeaf * MR));
+  if (plan.packed > 0) {
+    at::parallel_for(0, mp, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        float* dst = pa.data() + p * plan.packed * kLeaf * MR;
+        for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+          if (plan.kind[leaf] != kPacked) continue;
+          float* d = dst + plan.offset[leaf] * kLeaf * MR;
+          for (int64_t k = 0; k < kLeaf; ++k)
+            for (int r = 0; r < MR; ++r) {
+              const int64_t m = p * MR + r, kk = leaf * kLeaf + k;
+              d[k * MR + r] = (m < M && kk < K) ? at(a, m, kk) : 0.0f;
+            }
+        }
+      }
+    });
+  }
+  // Output panels whose columns are consecutive take vector stores.
+  std::vector<uint8_t> unit_out(static_cast<size_t>(np), 0);
+  for (int64_t p = 0; p < np; ++p) {
+    bool unit = p * NR + NR <= N;
+    for (int j = 1; unit && j < NR; ++j) unit = c.col[p * NR + j] == c.col[p * NR] + j;
+    unit_out[p] = unit;
+  }
+
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (MR * Kp * 4));  // A panels per block
+  // B is packed a chunk of panels at a time, sized to stay in L2 while every A
+  // block passes under it; tiles of a chunk walk blocks of `block` A panels,
+  // and inside a block, B panel by B panel.
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (Kp * NR * 4));
+  thread_local std::vector<float> scratch;  // reused: fresh pages cost as much as packing
+  if (scratch.size() < static_cast<size_t>(std::min(chunk, np) * Kp * NR))
+    scratch.resize(static_cast<size_t>(std::min(chunk, np) * Kp * NR));
+  const float* pb = scratch.data();
+  for (int64_t p0 = 0; p0 < np; p0 += chunk) {
+    const int64_t p1 = std::min(np, p0 + chunk), cp = p1 - p0;
+    pack_b(b, K, N, Kp, p0, p1, scratch.data());
+    at::parallel_for(0, mp * cp, 4, [&](int64_t lo, int64_t hi) {
+      std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1) * MR * NR));
+      alignas(64) float tile[MR * NR];
+      const float* rows[MR];
+      float* out[MR];
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t blk = t / (block * cp), local = t - blk * block * cp;
+        const int64_t size = std::min<int64_t>(block, mp - blk * block);
+        const int64_t jp = p0 + local / size, ip = blk * block + local % size;
+        const int64_t m0 = ip * MR, n0 = jp * NR;
+        const int64_t nrows = std::min<int64_t>(MR, M - m0), ncols = std::min<int64_t>(NR, N - n0);
+        if (kDirect) {  // rows past M repeat the last row; they are never stored
+          for (int r = 0; r < MR; ++r)
+            rows[r] = reinterpret_cast<const float*>(a.base) + a.row[std::min<int64_t>(m0 + r, M - 1)];
+        }
+        // Full tiles of fp32 output with consecutive columns are stored in place.
+        const bool in_place = std::is_same<O, float>::value && unit_out[jp] && nrows == MR;
+        for (int r = 0; r < MR; ++r)
+          out[r] = in_place ? reinterpret_cast<float*>(c.base) + c.row[m0 + r] + c.col[n0]
+                            : tile + r * NR;
+        micro_tile(rows, a.col, plan, pa.data() + ip * plan.packed * kLeaf * MR,
+                   pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(), out);
+        if (in_place) continue;
+        for (int64_t r = 0; r < nrows; ++r) {
+          O* orow = c.base + c.row[m0 + r];
+          for (int64_t j = 0; j < ncols; ++j) orow[c.col[n0 + j]] = static_cast<O>(tile[r * NR + j]);
+        }
+      }
+    });
+  }
+}
+
+// Longest K (in leaves) one pass takes, so its B panel (512 x NR floats) stays
+// in L1/L2 (best of 4..64 on the model's shapes).  Longer K (dW over a batch's
+// rows) runs T(n)'s top levels as separate passes: the left ceil(n/2) leaves
+// and the right floor(n/2) are exactly the subtrees T(ceil(n/2)) and
+// T(floor(n/2)), summed into fp32 buffers and added once.
+constexpr int64_t kBlockLeaves = 16;
+
+// The subtree over leaves [leaf0, leaf0 + n) into dst (M x N, row-major fp32;
+// rowmajor: the tables that address it).
+template <typename T>
+void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<float>& rowmajor,
+             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n) {
+  const int64_t k0 = leaf0 * kLeaf;
+  if (n <= kBlockLeaves) {
+    const Gather<T> ap{a.base, a.row, a.col + k0}, bp{b.base, b.row + k0, b.col};
+    int64_t depth = 0;
+    const std::vector<int32_t> sched = tree_schedule(n, &depth);
+    gemm_pass<T, float>(ap, bp, Scatter<float>{dst, rowmajor.row, rowmajor.col}, M,
+                        std::min<int64_t>(n * kLeaf, K - k0), N, sched.data(), depth);
+    return;
+  }
+  const int64_t left = (n + 1) / 2;
+  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left);
+  std::vector<float> right(static_cast<size_t>(M * N));
+  subtree(a, b, right.data(), rowmajor, M, K, N, leaf0 + left, n - left);
+  at::parallel_for(0, M * N, 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] += right[i];
+  });
+}
+
+}  // namespace
+
+std::vector<int32_t> tree_schedule(int64_t n, int64_t* depth) {
+  std::vector<int32_t> merges(static_cast<size_t>(n), 0);
+  std::vector<std::pair<int64_t, int64_t>> todo{{0, n}};
+  while (!todo.empty()) {
+    const auto [lo, cnt] = todo.back();
+    todo.pop_back();
+    if (cnt == 1) continue;
+    const int64_t left = (cnt + 1) / 2;
+    merges[lo + cnt - 1] += 1;
+    todo.push_back({lo + left, cnt - left});
+    todo.push_back({lo, left});
+  }
+  int64_t live = 0;
+  *depth = 0;
+  for (int32_t m : merges) {
+    *depth = std::max(*depth, ++live);
+    live -= m;
+  }
+  return merges;
+}
+
+template <typename T, typename O>
+void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M, int64_t K,
+          int64_t N, const int32_t* sched, int64_t depth) {
+  const int64_t nleaves = (K + kLeaf - 1) / kLeaf;
+  if (nleaves <= kBlockLeaves) return gemm_pass<T, O>(a, b, c, M, K, N, sched, depth);
+  // Split passes add into a row-major fp32 buffer; the result is stored (and
+  // rounded to O) once at the end.
+  std::vector<int64_t> trow(static_cast<size_t>(M)), tcol(static_cast<size_t>(N));
+  for (int64_t i = 0; i < M; ++i) trow[i] = i * N;
+  for (int64_t j = 0; j < N; ++j) tcol[j] = j;
+  std::vector<float> full(static_cast<size_t>(M * N));
+  subtree(a, b, full.data(), Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves);
+  bool unit = true;
+  for (int64_t j = 1; unit && j < N; ++j) unit = c.col[j] == c.col[0] + j;
+  at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* src = full.data() + i * N;
+      O* orow = c.base + c.row[i];
+      if (unit) {
+        O* o = orow + c.col[0];
+        for (int64_t j = 0; j < N; ++j) o[j] = static_cast<O>(src[j]);
+      } else {
+        for (int64_t j = 0; j < N; ++j) orow[c.col[j]] = static_cast<O>(src[j]);
+      }
+    }
+  });
+}
+
+#define CREDIT_GEMM_INSTANTIATE(T, O)                                                           \
+  template void gemm<T, O>(const Gather<T>&, const Gather<T>&, const Scatter<O>&, int64_t, \
+                           int64_t, int64_t, const int32_t*, int64_t);
+#define CREDIT_GEMM_INSTANTIATE_OUT(T) \
+  CREDIT_GEMM_INSTANTIATE(T, float)    \
+  CREDIT_GEMM_INSTANTIATE(T, at::BFloat16) CREDIT_GEMM_INSTANTIATE(T, at::Half)
+CREDIT_GEMM_INSTANTIATE_OUT(float)
+CREDIT_GEMM_INSTANTIATE_OUT(at::BFloat16)
+CREDIT_GEMM_INSTANTIATE_OUT(at::Half)
+
+}  // namespace credit_gemm

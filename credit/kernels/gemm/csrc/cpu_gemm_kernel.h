@@ -1,0 +1,99 @@
+// Deterministic, batch-invariant GEMM engine for CPUs: C = A @ B, fp32 accumulation.
+//
+// Every output element is computed by the same arithmetic, wherever it sits:
+//   * K is cut into leaves of kLeaf elements; a leaf is a sequential chain of
+//     fused multiply-adds starting from +0 (k ascending), zero past K;
+//   * leaves are combined by the tree described in credit/kernels/gemm/_tree.py,
+//     evaluated with a stack driven by its `merges` schedule.
+// Threads split the output tiles, never K, so the result does not depend on M,
+// on N, on the thread count, or on which SIMD path was compiled (all paths use
+// single-rounding FMA).
+//
+// Operands are gathers: element (i, j) of a logical matrix is
+// base[row[i] + col[j]] (a negative row or column entry reads as zero), so one
+// engine serves strided matrices, per-sample padded row trees and implicit
+// im2col convolutions without copying the operand into a matrix first.  B is
+// packed into zero-padded Kp x NR panels; fp32 A is read in place for every
+// leaf whose 32 column offsets are a constant stride (one table load per k
+// otherwise), and packed only for leaves that hold padding.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace credit_gemm {
+
+constexpr int64_t kLeaf = 32;  // must match LEAF in _tree.py
+
+#if defined(__AVX512F__)
+using vec = __m512;
+constexpr int VL = 16, MR = 6, NV = 4;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+inline vec vbcast(float x) { return _mm512_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+using vec = __m256;
+constexpr int VL = 8, MR = 6, NV = 2;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vbcast(float x) { return _mm256_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+constexpr const char* kIsa = "avx2";
+#else
+using vec = float;
+constexpr int VL = 1, MR = 4, NV = 4;
+inline vec vzero() { return 0.0f; }
+inline vec vload(const float* p) { return *p; }
+inline void vstore(float* p, vec v) { *p = v; }
+inline vec vbcast(float x) { return x; }
+inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+inline vec vadd(vec a, vec b) { return a + b; }
+constexpr const char* kIsa = "scalar";
+#endif
+
+constexpr int NR = VL * NV;
+
+// A logical matrix read through offset tables: (i, j) -> base[row[i] + col[j]];
+// a negative entry in either table reads as zero.
+template <typename T>
+struct Gather {
+  const T* base;
+  const int64_t* row;
+  const int64_t* col;
+};
+
+// Where results go: (i, j) -> base[row[i] + col[j]] (entries >= 0, distinct).
+template <typename O>
+struct Scatter {
+  O* base;
+  const int64_t* row;
+  const int64_t* col;
+};
+
+// The merge schedule of T(n) (see _tree.py): merges[i] additions after leaf i.
+std::vector<int32_t> tree_schedule(int64_t n, int64_t* depth);
+
+// C = A (M x K) @ B (K x N) with the fixed K tree of schedule `sched` (of
+// ceil(K / kLeaf) leaves, stack depth `depth`).  Defined for T, O in
+// {float, BFloat16, Half} in cpu_gemm_engine.cpp.
+template <typename T, typename O>
+void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M, int64_t K,
+          int64_t N, const int32_t* sched, int64_t depth);
+
+}  // namespace credit_gemm

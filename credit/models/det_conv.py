@@ -1,0 +1,188 @@
+"""Deterministic convolutions on the CPU as gather GEMMs: no im2col matrix, no layout copies.
+
+`DetConv2d` and `DetConvTranspose2d` (det_layers.py) define their arithmetic as GEMMs over
+im2col rows and channels-last rows (`linear_local`): every output is the K tree of its
+products, every weight and bias gradient the row tree over samples padded to whole leaves.
+On the CPU the same GEMMs run through `credit.kernels.gemm._cpu.mm_gather`, whose operands
+are offset tables into the tensors as they lie (the zero-padded input for a convolution's
+patches, NCHW gradients, the output written straight into NCHW), so the im2col matrix and
+its transposes are never materialised; the products, their order and every tree are the
+matrix path's, so both paths give the same bits (tests/models/test_det_conv.py).
+Hand-written because torch has no convolution with a caller-fixed reduction order.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from credit.kernels.gemm import LEAF
+from credit.kernels.gemm import _cpu
+
+
+def _ar(n: int, step: int = 1) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int64) * step
+
+
+def _padded_rows(per_sample: torch.Tensor, sample_stride: int, samples: int) -> torch.Tensor:
+    """Offsets of every sample's rows, each sample padded with -1 (zero) to whole leaves, so a
+    sample is a whole subtree of the row tree (what `pad_row_groups` does to a matrix)."""
+    rows = per_sample.numel()
+    padded = -(-rows // LEAF) * LEAF if samples > 1 else rows
+    table = torch.full((samples, padded), -1, dtype=torch.int64)
+    table[:, :rows] = _ar(samples, sample_stride)[:, None] + per_sample[None, :]
+    return table.reshape(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
+                 kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> SimpleNamespace:
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    plane, length, ckk = hp * wp, ho * wo, c * kh * kw
+    # a patch's first element per output position, and each (c, i, j)'s offset from it
+    corner = (_ar(ho, sh * wp)[:, None] + _ar(wo, sw)[None, :]).reshape(-1)
+    kcol = (_ar(c, plane)[:, None, None] + _ar(kh, dh * wp)[None, :, None] + _ar(kw, dw)[None, None, :]).reshape(-1)
+    positions = _ar(length)
+    return SimpleNamespace(
+        x_rows=(_ar(b, c * plane)[:, None] + corner[None, :]).reshape(-1), kcol=kcol,
+        y_rows=(_ar(b, c_out * length)[:, None] + positions[None, :]).reshape(-1),
+        dcols_rows=(_ar(b, ckk * length)[:, None] + positions[None, :]).reshape(-1),
+        x_rows_padded=_padded_rows(corner, c * plane, b),
+        g_rows_padded=_padded_rows(positions, c_out * length, b),
+        k_ident=_ar(ckk), k_by_length=_ar(ckk, length),
+        cout_by_ckk=_ar(c_out, ckk), cout_by_length=_ar(c_out, length), cout_ident=_ar(c_out),
+    )
+
+
+def _ones_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Row table of a one-element ones vector: 0 for a real row, -1 for padding."""
+    return torch.where(rows >= 0, 0, -1)
+
+
+def _bias_grad(g: torch.Tensor, g_rows_padded: torch.Tensor, channels: int, plane: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Per-channel sum of NCHW `g` over the padded row tree (ones(1, rows) @ g_rows's bits)."""
+    out = torch.empty(channels, dtype=dtype)
+    one = torch.ones(1, dtype=g.dtype)
+    _cpu.mm_gather(g.view(-1), _ar(channels, plane), g_rows_padded, one, _ones_rows(g_rows_padded),
+              torch.zeros(1, dtype=torch.int64), out, _ar(channels), torch.zeros(1, dtype=torch.int64))
+    return out
+
+
+class _GatherConv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv):  # type: ignore[override]
+        (ph, pw), kernel = conv.padding, conv.kernel_size
+        b, c, h, w = x.shape
+        xp = F.pad(x, (pw, pw, ph, ph)).contiguous() if (ph or pw) else x.contiguous()
+        hp, wp = xp.shape[-2:]
+        ho = (hp - conv.dilation[0] * (kernel[0] - 1) - 1) // conv.stride[0] + 1
+        wo = (wp - conv.dilation[1] * (kernel[1] - 1) - 1) // conv.stride[1] + 1
+        c_out = weight.shape[0]
+        t = _conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
+        w_flat = weight.contiguous().view(-1)
+        y = torch.empty((b, c_out, ho, wo), dtype=torch.float32 if bias is not None else x.dtype)
+        _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
+                  y.view(-1), t.y_rows, t.cout_by_length)
+        if bias is not None:  # added to the fp32 accumulation, one rounding
+            y = (y + bias.to(torch.float32).view(1, -1, 1, 1)).to(x.dtype)
+        ctx.save_for_backward(xp, weight)
+        ctx.tables, ctx.conv, ctx.shape, ctx.has_bias = t, conv, (b, c, h, w, ho, wo), bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        xp, weight = ctx.saved_tensors
+        t, conv = ctx.tables, ctx.conv
+        b, c, h, w, ho, wo = ctx.shape
+        c_out, length = weight.shape[0], ho * wo
+        ckk = c * conv.kernel_size[0] * conv.kernel_size[1]
+        g = grad.to(xp.dtype).contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
+            dcols = torch.empty((b, ckk, length), dtype=xp.dtype)
+            _cpu.mm_gather(g.view(-1), t.y_rows, t.cout_by_length, weight.contiguous().view(-1),
+                      t.cout_by_ckk, t.k_ident, dcols.view(-1), t.dcols_rows, t.k_by_length)
+            gx = F.fold(dcols, (h, w), conv.kernel_size, dilation=conv.dilation,
+                        padding=conv.padding, stride=conv.stride)
+        if ctx.needs_input_grad[1]:  # dWᵀ = patchesᵀ @ g: the row tree over padded samples
+            gw = torch.empty((c_out, ckk), dtype=weight.dtype)
+            _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
+                      t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
+            gw = gw.view(weight.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = _bias_grad(g, t.g_rows_padded, c_out, length, weight.dtype)
+        return gx, gw, gb, None
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv) -> torch.Tensor:
+    """`conv`'s (a DetConv2d) convolution of NCHW `x` on the CPU, bitwise its matrix path."""
+    return _GatherConv2d.apply(x, weight, bias, conv)
+
+
+@functools.lru_cache(maxsize=64)
+def _upsample_tables(b: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int) -> SimpleNamespace:
+    plane, ho, wo = h * w, h * kh, w * kw
+    n = c_out * kh * kw
+    pixels = _ar(plane)
+    # an input pixel's output block corner, and each (o, i, j)'s offset from it
+    corner = (_ar(h, kh * wo)[:, None] + _ar(w, kw)[None, :]).reshape(-1)
+    ncol = (_ar(c_out, ho * wo)[:, None, None] + _ar(kh, wo)[None, :, None] + _ar(kw)[None, None, :]).reshape(-1)
+    return SimpleNamespace(
+        x_rows=(_ar(b, c_in * plane)[:, None] + pixels[None, :]).reshape(-1),
+        y_rows=(_ar(b, c_out * ho * wo)[:, None] + corner[None, :]).reshape(-1),
+        x_rows_padded=_padded_rows(pixels, c_in * plane, b),
+        y_rows_padded=_padded_rows(corner, c_out * ho * wo, b),
+        out_rows_padded=_padded_rows(_ar(ho * wo), c_out * ho * wo, b),
+        ncol=ncol, n_ident=_ar(n), cin_by_plane=_ar(c_in, plane), cin_by_n=_ar(c_in, n),
+    )
+
+
+class _GatherUpsample(torch.autograd.Function):
+    """ConvTranspose2d with kernel == stride: each input pixel's channels times (C_in, C_out·kh·kw)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # type: ignore[override]
+        b, c_in, h, w = x.shape
+        _, c_out, kh, kw = weight.shape
+        t = _upsample_tables(b, c_in, h, w, c_out, kh, kw)
+        x = x.contiguous()
+        y = torch.empty((b, c_out, h * kh, w * kw), dtype=x.dtype)
+        _cpu.mm_gather(x.view(-1), t.x_rows, t.cin_by_plane, weight.contiguous().view(-1), t.cin_by_n,
+                  t.n_ident, y.view(-1), t.y_rows, t.ncol)
+        if bias is not None:
+            y = y + bias.view(1, -1, 1, 1)
+        ctx.save_for_backward(x, weight)
+        ctx.tables, ctx.has_bias = t, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        t = ctx.tables
+        b, c_in, h, w = x.shape
+        c_out = weight.shape[1]
+        g = grad.to(x.dtype).contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:  # tree over (C_out, kh, kw)
+            gx = torch.empty_like(x)
+            _cpu.mm_gather(g.view(-1), t.y_rows, t.ncol, weight.contiguous().view(-1), t.n_ident,
+                      t.cin_by_n, gx.view(-1), t.x_rows, t.cin_by_plane)
+        if ctx.needs_input_grad[1]:  # row tree over padded input pixels
+            gw = torch.empty(weight.shape, dtype=weight.dtype)
+            _cpu.mm_gather(x.view(-1), t.cin_by_plane, t.x_rows_padded, g.view(-1), t.y_rows_padded,
+                      t.ncol, gw.view(-1), t.cin_by_n, t.n_ident)
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # row tree over padded output pixels
+            gb = _bias_grad(g, t.out_rows_padded, c_out, g.shape[-2] * g.shape[-1], weight.dtype)
+        return gx, gw, gb
+
+
+def conv_transpose2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Kernel == stride transposed convolution of NCHW `x` on the CPU, bitwise the matrix path."""
+    return _GatherUpsample.apply(x, weight, bias)

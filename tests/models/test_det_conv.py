@@ -1,0 +1,69 @@
+"""The CPU gather path of the deterministic convolutions is bitwise their matrix definition:
+output, input gradient, weight and bias gradients, on grids whose per-sample row counts are
+and are not whole 32-row leaves."""
+
+import pytest
+import torch
+
+from credit.models.det_layers import DetConv2d, DetConvTranspose2d
+
+
+def _both_paths(layer, x: torch.Tensor, seed: int):
+    """(output, dx, dW, db) of layer(x) via the gather path and via matrix_forward."""
+    results = []
+    for forward in (layer.forward, layer.matrix_forward):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        y = forward(xi)
+        upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1))
+        y.backward(upstream)
+        results.append((y.detach(), xi.grad, layer.weight.grad.clone(),
+                        None if layer.bias is None else layer.bias.grad.clone()))
+    return results
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, what
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"{what} differs"
+
+
+@pytest.mark.parametrize(
+    "c_in, c_out, kernel, stride, padding, grid, batch",
+    [
+        (8, 16, 3, 1, 1, (8, 16), 2),     # 128 positions per sample: whole leaves
+        (8, 16, 3, 1, 1, (9, 13), 3),     # 117: each sample padded to 128 rows
+        (5, 12, 4, 2, 1, (10, 14), 2),    # overlapping strided patches (cross-embed)
+        (5, 12, 2, 2, 0, (10, 14), 1),    # one sample: no per-sample padding
+        (7, 9, 1, 1, 0, (6, 7), 4),
+    ],
+)
+def test_conv2d_gather_path_is_the_matrix_path(c_in, c_out, kernel, stride, padding, grid, batch):
+    torch.manual_seed(0)
+    layer = DetConv2d(c_in, c_out, kernel, stride=stride, padding=padding)
+    x = torch.randn(batch, c_in, *grid)
+    (gather, matrix) = _both_paths(layer, x, seed=3)
+    for what, a, b in zip(("output", "dx", "dW", "db"), gather, matrix):
+        _same_bits(a, b, what)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scale, grid, batch", [(2, (4, 8), 2), (4, (3, 5), 3), (2, (5, 7), 1)])
+def test_conv_transpose_gather_path_is_the_matrix_path(scale, grid, batch, bias):
+    torch.manual_seed(1)
+    layer = DetConvTranspose2d(12, 6, kernel_size=scale, stride=scale, bias=bias)
+    x = torch.randn(batch, 12, *grid)
+    (gather, matrix) = _both_paths(layer, x, seed=5)
+    for what, a, b in zip(("output", "dx", "dW", "db"), gather, matrix):
+        if a is None:
+            assert b is None
+            continue
+        _same_bits(a, b, what)
+
+
+def test_conv2d_gather_path_equals_torch_to_rounding():
+    """Anchors both paths to torch's convolution (not only to each other)."""
+    torch.manual_seed(2)
+    layer = DetConv2d(6, 10, 3, padding=1)
+    x = torch.randn(2, 6, 7, 9)
+    want = torch.nn.functional.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1)
+    assert torch.allclose(layer(x).double(), want, rtol=1e-5, atol=1e-5)
