@@ -52,6 +52,7 @@ def _conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
         y_rows=(_ar(b, c_out * length)[:, None] + positions[None, :]).reshape(-1),
         dcols_rows=(_ar(b, ckk * length)[:, None] + positions[None, :]).reshape(-1),
         x_rows_padded=_padded_rows(corner, c * plane, b),
+        k_in_plane=kcol,  # (c, i, j) offsets in the input plane: dx's columns when patches do not overlap
         g_rows_padded=_padded_rows(positions, c_out * length, b),
         k_ident=_ar(ckk), k_by_length=_ar(ckk, length),
         cout_by_ckk=_ar(c_out, ckk), cout_by_length=_ar(c_out, length), cout_ident=_ar(c_out),
@@ -69,8 +70,14 @@ def _bias_grad(g: torch.Tensor, g_rows_padded: torch.Tensor, channels: int, plan
     out = torch.empty(channels, dtype=dtype)
     one = torch.ones(1, dtype=g.dtype)
     _cpu.mm_gather(g.view(-1), _ar(channels, plane), g_rows_padded, one, _ones_rows(g_rows_padded),
-              torch.zeros(1, dtype=torch.int64), out, _ar(channels), torch.zeros(1, dtype=torch.int64))
+                   torch.zeros(1, dtype=torch.int64), out, _ar(channels), torch.zeros(1, dtype=torch.int64))
     return out
+
+
+def _disjoint_patches(conv) -> bool:
+    """No padding and a stride of at least the kernel: every input pixel in at most one patch."""
+    return (conv.padding == (0, 0) and conv.dilation == (1, 1)
+            and all(s >= k for s, k in zip(conv.stride, conv.kernel_size)))
 
 
 class _GatherConv2d(torch.autograd.Function):
@@ -87,7 +94,7 @@ class _GatherConv2d(torch.autograd.Function):
         w_flat = weight.contiguous().view(-1)
         y = torch.empty((b, c_out, ho, wo), dtype=torch.float32 if bias is not None else x.dtype)
         _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
-                  y.view(-1), t.y_rows, t.cout_by_length)
+                       y.view(-1), t.y_rows, t.cout_by_length)
         if bias is not None:  # added to the fp32 accumulation, one rounding
             y = (y + bias.to(torch.float32).view(1, -1, 1, 1)).to(x.dtype)
         ctx.save_for_backward(xp, weight)
@@ -104,16 +111,23 @@ class _GatherConv2d(torch.autograd.Function):
         ckk = c * conv.kernel_size[0] * conv.kernel_size[1]
         g = grad.to(xp.dtype).contiguous()
         gx = gw = gb = None
-        if ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
+        if ctx.needs_input_grad[0] and _disjoint_patches(conv):
+            # each input pixel is in at most one patch: its gradient is written in place;
+            # + 0.0 rounds -0 to +0 exactly as fold's sum into zeros does
+            gx = torch.zeros((b, c, h, w), dtype=xp.dtype)
+            _cpu.mm_gather(g.view(-1), t.y_rows, t.cout_by_length, weight.contiguous().view(-1),
+                           t.cout_by_ckk, t.k_ident, gx.view(-1), t.x_rows, t.k_in_plane)
+            gx.add_(0.0)
+        elif ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
             dcols = torch.empty((b, ckk, length), dtype=xp.dtype)
             _cpu.mm_gather(g.view(-1), t.y_rows, t.cout_by_length, weight.contiguous().view(-1),
-                      t.cout_by_ckk, t.k_ident, dcols.view(-1), t.dcols_rows, t.k_by_length)
+                           t.cout_by_ckk, t.k_ident, dcols.view(-1), t.dcols_rows, t.k_by_length)
             gx = F.fold(dcols, (h, w), conv.kernel_size, dilation=conv.dilation,
                         padding=conv.padding, stride=conv.stride)
         if ctx.needs_input_grad[1]:  # dWᵀ = patchesᵀ @ g: the row tree over padded samples
             gw = torch.empty((c_out, ckk), dtype=weight.dtype)
             _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
-                      t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
+                           t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
             gw = gw.view(weight.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = _bias_grad(g, t.g_rows_padded, c_out, length, weight.dtype)
@@ -154,7 +168,7 @@ class _GatherUpsample(torch.autograd.Function):
         x = x.contiguous()
         y = torch.empty((b, c_out, h * kh, w * kw), dtype=x.dtype)
         _cpu.mm_gather(x.view(-1), t.x_rows, t.cin_by_plane, weight.contiguous().view(-1), t.cin_by_n,
-                  t.n_ident, y.view(-1), t.y_rows, t.ncol)
+                       t.n_ident, y.view(-1), t.y_rows, t.ncol)
         if bias is not None:
             y = y + bias.view(1, -1, 1, 1)
         ctx.save_for_backward(x, weight)
@@ -173,11 +187,11 @@ class _GatherUpsample(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # tree over (C_out, kh, kw)
             gx = torch.empty_like(x)
             _cpu.mm_gather(g.view(-1), t.y_rows, t.ncol, weight.contiguous().view(-1), t.n_ident,
-                      t.cin_by_n, gx.view(-1), t.x_rows, t.cin_by_plane)
+                           t.cin_by_n, gx.view(-1), t.x_rows, t.cin_by_plane)
         if ctx.needs_input_grad[1]:  # row tree over padded input pixels
             gw = torch.empty(weight.shape, dtype=weight.dtype)
             _cpu.mm_gather(x.view(-1), t.cin_by_plane, t.x_rows_padded, g.view(-1), t.y_rows_padded,
-                      t.ncol, gw.view(-1), t.cin_by_n, t.n_ident)
+                           t.ncol, gw.view(-1), t.cin_by_n, t.n_ident)
         if ctx.has_bias and ctx.needs_input_grad[2]:  # row tree over padded output pixels
             gb = _bias_grad(g, t.out_rows_padded, c_out, g.shape[-2] * g.shape[-1], weight.dtype)
         return gx, gw, gb

@@ -34,6 +34,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         (8, 16, 3, 1, 1, (9, 13), 3),     # 117: each sample padded to 128 rows
         (5, 12, 4, 2, 1, (10, 14), 2),    # overlapping strided patches (cross-embed)
         (5, 12, 2, 2, 0, (10, 14), 1),    # one sample: no per-sample padding
+        (6, 8, 2, 3, 0, (9, 11), 2),      # disjoint patches with gaps: dx written in place
         (7, 9, 1, 1, 0, (6, 7), 4),
     ],
 )

@@ -7,12 +7,13 @@ namespace credit_gemm {
 namespace {
 
 // How a tile reads one leaf of A.
-enum LeafKind : uint8_t { kPacked = 0, kStrided = 1, kTable = 2 };
+enum LeafKind : uint8_t { kPacked = 0, kUnit = 1, kTable = 2 };
 
 struct LeafPlan {
   std::vector<uint8_t> kind;      // per leaf
-  std::vector<int64_t> offset;    // kStrided: col[k0]; kPacked: index into the packed leaves
-  std::vector<int64_t> stride;    // kStrided: col[k0 + 1] - col[k0]
+  std::vector<int64_t> offset;    // kUnit: col[k0]; kPacked: index into the packed leaves
+  std::vector<int64_t> stride;    // col[k0 + 1] - col[k0] of an evenly spaced leaf, else 0
+  std::vector<int64_t> start;     // col[k0] of an evenly spaced leaf
   int64_t packed = 0;             // number of packed leaves
 };
 
@@ -44,12 +45,6 @@ struct UnitA {  // a(r, k) = row[r][k]
   inline void prepare(int) const {}
   inline float operator()(int r, int k) const { return row[r][k]; }
 };
-struct StridedA {  // a(r, k) = row[r][k * s]
-  const float* row[MR];
-  int64_t s;
-  inline void prepare(int) const {}
-  inline float operator()(int r, int k) const { return row[r][k * s]; }
-};
 struct TableA {  // a(r, k) = row[r][col[k]]
   const float* row[MR];
   const int64_t* col;
@@ -74,18 +69,10 @@ void micro_tile(const float* const* rows, const int64_t* acol, const LeafPlan& p
     const int64_t k0 = leaf * kLeaf;
     const float* b = bp + k0 * NR;
     switch (plan.kind[leaf]) {
-      case kStrided: {
-        const int64_t off = plan.offset[leaf], s = plan.stride[leaf];
-        if (s == 1) {
-          UnitA a;
-          for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + off;
-          leaf_fma(a, b, acc);
-        } else {
-          StridedA a;
-          for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + off;
-          a.s = s;
-          leaf_fma(a, b, acc);
-        }
+      case kUnit: {
+        UnitA a;
+        for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + plan.offset[leaf];
+        leaf_fma(a, b, acc);
         break;
       }
       case kTable: {
@@ -169,20 +156,24 @@ LeafPlan plan_leaves(const int64_t* acol, int64_t K, int64_t nleaves, bool direc
   plan.kind.assign(static_cast<size_t>(nleaves), kPacked);
   plan.offset.assign(static_cast<size_t>(nleaves), 0);
   plan.stride.assign(static_cast<size_t>(nleaves), 0);
+  plan.start.assign(static_cast<size_t>(nleaves), 0);
   for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
     const int64_t k0 = leaf * kLeaf;
     bool whole = direct && k0 + kLeaf <= K;
     for (int64_t k = k0; whole && k < k0 + kLeaf; ++k) whole = acol[k] >= 0;
-    if (!whole) {
+    const int64_t s = whole ? acol[k0 + 1] - acol[k0] : 0;
+    bool strided = whole;
+    for (int64_t i = 1; strided && i < kLeaf; ++i) strided = acol[k0 + i] == acol[k0] + i * s;
+    plan.stride[leaf] = strided ? s : 0;
+    plan.start[leaf] = strided ? acol[k0] : 0;
+    // Wide strides are packed: a leaf's 32 rows at a power-of-two distance share a few L1
+    // sets and would be evicted between B panels.
+    if (!whole || (strided && s != 1)) {
       plan.offset[leaf] = plan.packed++;
       continue;
     }
-    const int64_t s = acol[k0 + 1] - acol[k0];
-    bool strided = true;
-    for (int64_t i = 1; strided && i < kLeaf; ++i) strided = acol[k0 + i] == acol[k0] + i * s;
-    plan.kind[leaf] = strided ? kStrided : kTable;
+    plan.kind[leaf] = strided ? kUnit : kTable;
     plan.offset[leaf] = strided ? acol[k0] : 0;
-    plan.stride[leaf] = s;
   }
   return plan;
 }
@@ -191,7 +182,7 @@ LeafPlan plan_leaves(const int64_t* acol, int64_t K, int64_t nleaves, bool direc
 // every packed B panel sweeps over it (the B panel itself stays in L1).
 constexpr int64_t kBlockBytes = 160 * 1024;
 // Packed B per chunk (see gemm_pass).
-constexpr int64_t kChunkBytes = 256 * 1024;
+constexpr int64_t kChunkBytes = 1024 * 1024;
 
 // One pass over all leaves of K (no tree-top split).
 template <typename T, typename O>
@@ -210,6 +201,16 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
         for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
           if (plan.kind[leaf] != kPacked) continue;
           float* d = dst + plan.offset[leaf] * kLeaf * MR;
+          if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
+            const float* src[MR];
+            for (int r = 0; r < MR; ++r)
+              src[r] = reinterpret_cast<const float*>(a.base) +
+                       a.row[std::min<int64_t>(p * MR + r, M - 1)] + plan.start[leaf];
+            const int64_t s = plan.stride[leaf];
+            for (int64_t k = 0; k < kLeaf; ++k)
+              for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k * s];
+            continue;
+          }
           for (int64_t k = 0; k < kLeaf; ++k)
             for (int r = 0; r < MR; ++r) {
               const int64_t m = p * MR + r, kk = leaf * kLeaf + k;

@@ -13,9 +13,10 @@
 // base[row[i] + col[j]] (a negative row or column entry reads as zero), so one
 // engine serves strided matrices, per-sample padded row trees and implicit
 // im2col convolutions without copying the operand into a matrix first.  B is
-// packed into zero-padded Kp x NR panels; fp32 A is read in place for every
-// leaf whose 32 column offsets are a constant stride (one table load per k
-// otherwise), and packed only for leaves that hold padding.
+// packed into zero-padded Kp x NR panels; fp32 A is read in place where a
+// leaf's 32 column offsets are consecutive, through one table load per k where
+// they are irregular, and packed where they are evenly spaced wider apart or
+// the leaf holds padding.
 #pragma once
 
 #include <torch/extension.h>
