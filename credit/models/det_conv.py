@@ -122,8 +122,7 @@ class _GatherConv2d(torch.autograd.Function):
             dcols = torch.empty((b, ckk, length), dtype=xp.dtype)
             _cpu.mm_gather(g.view(-1), t.y_rows, t.cout_by_length, weight.contiguous().view(-1),
                            t.cout_by_ckk, t.k_ident, dcols.view(-1), t.dcols_rows, t.k_by_length)
-            gx = F.fold(dcols, (h, w), conv.kernel_size, dilation=conv.dilation,
-                        padding=conv.padding, stride=conv.stride)
+            gx = _cpu.fold(dcols, (h, w), conv.kernel_size, conv.padding, conv.stride, conv.dilation)
         if ctx.needs_input_grad[1]:  # dWᵀ = patchesᵀ @ g: the row tree over padded samples
             gw = torch.empty((c_out, ckk), dtype=weight.dtype)
             _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,

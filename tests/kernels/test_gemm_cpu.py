@@ -116,3 +116,15 @@ def test_long_k_in_separate_passes_adds_up_like_its_halves(dtype, k):
     for out_dtype in {dtype, torch.float32}:
         got = C.det_mm(a, b, backend=BACKEND, out_dtype=out_dtype)
         C.same(got, (left + right).to(out_dtype), f"K={k} as its two halves")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("k", [96, 32 * 20 + 3])  # one pass, and the tree-top split
+def test_bias_added_in_the_kernel_is_the_fp32_sum_plus_bias(dtype, k):
+    """det_linear adds its bias inside the CPU kernel's store: the same bits as the fp32
+    product plus the fp32 bias, rounded once (N not a whole panel)."""
+    x = C.rand(13, k, dtype=dtype, device=DEVICE, seed=50)
+    w = C.rand(21, k, dtype=dtype, device=DEVICE, seed=51)
+    bias = C.rand(21, dtype=dtype, device=DEVICE, seed=52)
+    want = (C.det_mm(x, w.t(), backend=BACKEND, out_dtype=torch.float32) + bias.float()).to(dtype)
+    C.same(C.det_linear(x, w, bias, backend=BACKEND), want, f"fused bias, K={k}")

@@ -68,3 +68,19 @@ def test_conv2d_gather_path_equals_torch_to_rounding():
     x = torch.randn(2, 6, 7, 9)
     want = torch.nn.functional.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1)
     assert torch.allclose(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, grid", [
+    (3, 1, 1, 1, (8, 16)), (4, 2, 1, 1, (10, 14)), (3, 2, 2, 2, (11, 9)), (2, 3, 0, 1, (9, 11)),
+])
+def test_cpu_fold_has_torch_folds_bits(kernel, stride, padding, dilation, grid):
+    from credit.kernels.gemm import _cpu
+
+    k, s, p, d = (kernel,) * 2, (stride,) * 2, (padding,) * 2, (dilation,) * 2
+    image = torch.zeros(3, 5, *grid)
+    length = torch.nn.functional.unfold(image, k, dilation=d, padding=p, stride=s).shape[-1]
+    cols = torch.randn(3, 5 * kernel * kernel, length)
+    cols[0, :, 0] = -0.0  # a lone -0 contribution sums to +0, as in col2im
+    want = torch.nn.functional.fold(cols, grid, k, dilation=d, padding=p, stride=s)
+    got = _cpu.fold(cols, grid, k, p, s, d)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -113,14 +113,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ b`` on the CPU with the fixed K tree; inputs already validated."""
+def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
+       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b`` on the CPU with the fixed K tree; inputs already validated. ``bias`` (N,) is
+    added in fp32 to the finished sums before the one rounding to ``out_dtype``."""
     mod = load()
     M, K = a.shape
     N = b.shape[1]
     out = torch.empty((M, N), dtype=out_dtype, device=a.device)
     n = num_leaves(K)
-    mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out)
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out, bias)
     return out
 
 
@@ -150,4 +154,15 @@ def mm_gather(
         raise ValueError("mm_gather: K must be positive")
     mod.det_mm_gather(a, arow, acol, b, brow, bcol, out, orow, ocol, schedule_tensor(n, a.device),
                       merge_schedule(n)[1])
+    return out
+
+
+def fold(cols: torch.Tensor, size: tuple[int, int], kernel: tuple[int, int],
+         padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
+    """``F.fold(cols, size, ...)``'s bits for fp32 ``cols (B, C*kh*kw, L)`` (each pixel's
+    contributions added in col2im's order from zero), in loops that vectorise."""
+    mod = load()
+    channels = cols.shape[1] // (kernel[0] * kernel[1])
+    out = torch.empty((cols.shape[0], channels, *size), dtype=torch.float32)
+    mod.det_fold(cols.contiguous(), out, *kernel, *padding, *stride, *dilation)
     return out

@@ -16,16 +16,17 @@ std::vector<int64_t> strided(int64_t n, int64_t stride) {
 template <typename T>
 void dispatch_out(const Gather<T>& a, const Gather<T>& b, at::Tensor& out, const int64_t* orow,
                   const int64_t* ocol, int64_t M, int64_t K, int64_t N, const at::Tensor& merges,
-                  int64_t depth) {
+                  int64_t depth, const float* bias = nullptr) {
   const int32_t* sched = merges.data_ptr<int32_t>();
   switch (out.scalar_type()) {
     case at::kFloat:
-      return gemm<T, float>(a, b, {out.data_ptr<float>(), orow, ocol}, M, K, N, sched, depth);
+      return gemm<T, float>(a, b, {out.data_ptr<float>(), orow, ocol, bias}, M, K, N, sched, depth);
     case at::kBFloat16:
-      return gemm<T, at::BFloat16>(a, b, {out.data_ptr<at::BFloat16>(), orow, ocol}, M, K, N,
-                                   sched, depth);
+      return gemm<T, at::BFloat16>(a, b, {out.data_ptr<at::BFloat16>(), orow, ocol, bias}, M, K,
+                                   N, sched, depth);
     case at::kHalf:
-      return gemm<T, at::Half>(a, b, {out.data_ptr<at::Half>(), orow, ocol}, M, K, N, sched, depth);
+      return gemm<T, at::Half>(a, b, {out.data_ptr<at::Half>(), orow, ocol, bias}, M, K, N, sched,
+                               depth);
     default: TORCH_CHECK(false, "det_mm cpu: unsupported output dtype ", out.scalar_type());
   }
 }
@@ -37,10 +38,11 @@ void check_schedule(const at::Tensor& merges, int64_t K, const char* op) {
               op, ": merge schedule does not match K");
 }
 
-// Fills `out` (M x N, contiguous) with A @ B.  Shapes, dtypes and devices are
-// validated in Python; the checks here guard the raw pointer arithmetic.
+// Fills `out` (M x N, contiguous) with A @ B (+ bias, fp32, added to the fp32
+// sums before the one rounding).  Shapes, dtypes and devices are validated in
+// Python; the checks here guard the raw pointer arithmetic.
 void det_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& merges, int64_t depth,
-            at::Tensor& out) {
+            at::Tensor& out, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
               "det_mm cpu: bad shapes ", a.sizes(), " @ ", b.sizes());
   TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && out.device().is_cpu(),
@@ -53,11 +55,16 @@ void det_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& merges, 
   const auto arow = strided(M, a.stride(0)), acol = strided(K, a.stride(1));
   const auto brow = strided(K, b.stride(0)), bcol = strided(N, b.stride(1));
   const auto orow = strided(M, N), ocol = strided(N, 1);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
+                    bias->size(0) == N && bias->device().is_cpu(),
+                "det_mm cpu: bias must be a contiguous fp32 CPU vector of N values");
+  const float* bias_ptr = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const Gather<T> ga{a.data_ptr<T>(), arow.data(), acol.data()};
     const Gather<T> gb{b.data_ptr<T>(), brow.data(), bcol.data()};
-    dispatch_out<T>(ga, gb, out, orow.data(), ocol.data(), M, K, N, merges, depth);
+    dispatch_out<T>(ga, gb, out, orow.data(), ocol.data(), M, K, N, merges, depth, bias_ptr);
   };
   switch (a.scalar_type()) {
     case at::kFloat: return run(float{});
@@ -166,12 +173,59 @@ void det_colsum(const at::Tensor& g, const at::Tensor& merges, int64_t depth, at
   });
 }
 
+// fold (col2im) of fp32 columns (B, C*kh*kw, Ho*Wo) into zeroed images (B, C, H, W),
+// adding each pixel's patch contributions in torch's col2im order ((c, i, j)
+// ascending, from +0), so the bits are F.fold's; the loops are arranged so the
+// inner one runs over a contiguous range of output columns (vectorisable).
+void det_fold(const at::Tensor& cols, at::Tensor& out, int64_t kh, int64_t kw, int64_t ph,
+              int64_t pw, int64_t sh, int64_t sw, int64_t dh, int64_t dw) {
+  TORCH_CHECK(cols.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  cols.is_contiguous() && out.is_contiguous() && cols.dim() == 3 &&
+                  out.dim() == 4 && cols.device().is_cpu() && out.device().is_cpu(),
+              "det_fold cpu: contiguous fp32 CPU tensors (B, CKK, L) and (B, C, H, W) expected");
+  const int64_t B = out.size(0), C = out.size(1), H = out.size(2), W = out.size(3);
+  const int64_t ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
+  const int64_t wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  TORCH_CHECK(cols.size(0) == B && cols.size(1) == C * kh * kw && cols.size(2) == ho * wo,
+              "det_fold cpu: columns do not match the image and kernel geometry");
+  const float* src = cols.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, B * C, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t bc = lo; bc < hi; ++bc) {
+      float* img = dst + bc * H * W;
+      std::fill_n(img, H * W, 0.0f);
+      for (int64_t i = 0; i < kh; ++i)
+        for (int64_t j = 0; j < kw; ++j) {
+          const float* col = src + (bc * kh * kw + i * kw + j) * ho * wo;
+          const int64_t x0 = j * dw - pw;  // image column of output column 0
+          // output columns whose image column x0 + w * sw lies in [0, W)
+          const int64_t w_lo = x0 >= 0 ? 0 : (-x0 + sw - 1) / sw;
+          const int64_t w_hi = std::min<int64_t>(wo, x0 >= W ? 0 : (W - 1 - x0) / sw + 1);
+          for (int64_t h = 0; h < ho; ++h) {
+            const int64_t y = h * sh - ph + i * dh;
+            if (y < 0 || y >= H) continue;
+            float* row = img + y * W;
+            const float* c = col + h * wo;
+            if (sw == 1) {
+              for (int64_t w = w_lo; w < w_hi; ++w) row[x0 + w] += c[w];
+            } else {
+              for (int64_t w = w_lo; w < w_hi; ++w) row[x0 + w * sw] += c[w];
+            }
+          }
+        }
+    }
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("det_mm", &det_mm, "deterministic fp32-accumulating GEMM (fills out)");
+  m.def("det_mm", &det_mm, "deterministic fp32-accumulating GEMM (fills out)", py::arg("a"),
+        py::arg("b"), py::arg("merges"), py::arg("depth"), py::arg("out"),
+        py::arg("bias") = py::none());
   m.def("det_mm_gather", &det_mm_gather, "the GEMM over offset-table operands (fills out)");
   m.def("det_colsum", &det_colsum, "column sums with the row tree (fills out)");
+  m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;
   m.attr("mr") = MR;

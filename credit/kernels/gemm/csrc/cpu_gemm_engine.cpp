@@ -62,7 +62,8 @@ struct PackedA {  // a(r, k) = p[k * MR + r]
 // stored to out[r][0..NR).
 void micro_tile(const float* const* rows, const int64_t* acol, const LeafPlan& plan,
                 const float* packed, const float* __restrict bp, int64_t nleaves,
-                const int32_t* __restrict merges, float* __restrict stack, float* const* out) {
+                const int32_t* __restrict merges, float* __restrict stack, const float* bias,
+                float* const* out) {
   vec acc[MR][NV];
   int64_t top = 0;
   for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
@@ -105,6 +106,12 @@ void micro_tile(const float* const* rows, const int64_t* acol, const LeafPlan& p
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) vstore(s + r * NR + j * VL, acc[r][j]);
       ++top;
+    }
+  }
+  if (bias != nullptr) {  // the panel's NR bias values, added once to the finished sums
+    for (int j = 0; j < NV; ++j) {
+      const vec bv = vload(bias + j * VL);
+      for (int r = 0; r < MR; ++r) acc[r][j] = vadd(acc[r][j], bv);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -220,6 +227,8 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
       }
     });
   }
+  std::vector<float> bias(static_cast<size_t>(c.bias != nullptr ? np * NR : 0), 0.0f);
+  if (c.bias != nullptr) std::copy(c.bias, c.bias + N, bias.begin());  // padded to whole panels
   // Output panels whose columns are consecutive take vector stores.
   std::vector<uint8_t> unit_out(static_cast<size_t>(np), 0);
   for (int64_t p = 0; p < np; ++p) {
@@ -261,7 +270,8 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
           out[r] = in_place ? reinterpret_cast<float*>(c.base) + c.row[m0 + r] + c.col[n0]
                             : tile + r * NR;
         micro_tile(rows, a.col, plan, pa.data() + ip * plan.packed * kLeaf * MR,
-                   pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(), out);
+                   pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(),
+                   c.bias != nullptr ? bias.data() + n0 : nullptr, out);
         if (in_place) continue;
         for (int64_t r = 0; r < nrows; ++r) {
           O* orow = c.base + c.row[m0 + r];
@@ -341,7 +351,9 @@ void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M
   for (int64_t j = 1; unit && j < N; ++j) unit = c.col[j] == c.col[0] + j;
   at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const float* src = full.data() + i * N;
+      float* src = full.data() + i * N;
+      if (c.bias != nullptr)
+        for (int64_t j = 0; j < N; ++j) src[j] += c.bias[j];
       O* orow = c.base + c.row[i];
       if (unit) {
         O* o = orow + c.col[0];

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Are two `credit train` runs the same bits? Compares every metrics.csv value (except the
+wall-clock throughput) and every tensor of each run's latest complete checkpoint (model, EMA,
+optimizer state, gathered to full tensors from whatever layout saved them).
+
+    python manual_tests/determinism/compare_runs.py REF_RUN OTHER_RUN [--state-only]
+
+Prints one line per check and the checkpoint's tensor counts by part; exit 0 when both are
+identical, 1 when anything differs. --state-only (for a resumed run, whose metrics.csv
+repeats the steps redone after the restart): only every tensor of REF's final checkpoint,
+which OTHER's must contain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if k != "samples_per_s"} for row in csv.DictReader(f)]
+
+
+def final_state(run: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the run's latest `step_N` checkpoint, by dotted key."""
+    checkpoint = max((p for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit()),
+                     key=lambda p: int(p.name[5:]))
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(checkpoint, f"{scratch}/state.pt")
+        walk("", torch.load(f"{scratch}/state.pt", weights_only=False))
+    return flat
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("ref", type=Path)
+    parser.add_argument("other", type=Path)
+    parser.add_argument("--state-only", action="store_true")
+    args = parser.parse_args()
+    same_metrics = args.state_only or metrics(args.ref) == metrics(args.other)
+    if not args.state_only:
+        print("every metrics.csv value (losses, grad norms, lr, validation):",
+              "identical" if same_metrics else "DIFFERENT")
+    ref, got = final_state(args.ref), final_state(args.other)
+    if args.state_only:
+        got = {k: v for k, v in got.items() if k in ref}
+    parts = {part: sum(k.split(".")[0] == part for k in ref) for part in sorted({k.split(".")[0] for k in ref})}
+    different = sorted(set(ref) ^ set(got)) + [k for k in ref if k in got and not torch.equal(ref[k], got[k])]
+    counts = ", ".join(f"{part} {n}" for part, n in parts.items())
+    print(f"final checkpoint ({len(ref)} tensors: {counts}):",
+          "bitwise" if not different else f"DIFFERENT: {different[:5]}")
+    return 0 if same_metrics and not different else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
