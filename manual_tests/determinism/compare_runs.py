@@ -6,7 +6,7 @@ optimizer state, gathered to full tensors from whatever layout saved them).
     python manual_tests/determinism/compare_runs.py REF_RUN OTHER_RUN [--state-only]
 
 Prints one line per check and the checkpoint's tensor counts by part; exit 0 when both are
-identical, 1 when anything differs. --state-only (for a resumed run, whose metrics.csv
+identical, 1 when anything differs, 2 when a directory is not a finished run. --state-only (for a resumed run, whose metrics.csv
 repeats the steps redone after the restart): only every tensor of REF's final checkpoint,
 which OTHER's must contain.
 """
@@ -53,6 +53,11 @@ def main() -> int:
     parser.add_argument("other", type=Path)
     parser.add_argument("--state-only", action="store_true")
     args = parser.parse_args()
+    for run in (args.ref, args.other):
+        if not (run / "metrics.csv").is_file() or not any((run / "checkpoints").glob("step_*")):
+            print(f"error: {run} is not a finished run (needs metrics.csv and checkpoints/step_*)",
+                  file=sys.stderr)
+            return 2
     same_metrics = args.state_only or metrics(args.ref) == metrics(args.other)
     if not args.state_only:
         print("every metrics.csv value (losses, grad norms, lr, validation):",
