@@ -3,7 +3,9 @@
 Prints, per backend, dtype, thread count and shape, the median time of the
 deterministic kernel and of ``torch.matmul`` and the speed ratio
 ``t(torch.matmul) / t(det)`` (1.0 = parity, higher is faster), for the forward
-pass and for forward + backward (dA and dB).
+pass and for forward + backward (dA and dB). Samples alternate (det, torch, det,
+torch, ...) so both sides see the same machine state; the ratio is the median of the
+per-pair ratios, printed beside the CPU model / GPU name and the thread count.
 
 Shapes (M, K, N): 1024^3, 4096x1024x1024, and wxformer-like projection shapes
 with M = 8192 tokens and (K, N) in {(64,64), (64,256), (256,64), (128,128),
@@ -11,6 +13,7 @@ with M = 8192 tokens and (K, N) in {(64,64), (64,256), (256,64), (128,128),
 
     PYTHONPATH=. python benchmarks/gemm.py            # full run
     PYTHONPATH=. python benchmarks/gemm.py --quick    # 1 thread, fewer shapes
+    PYTHONPATH=. python benchmarks/gemm.py --quick --out benchmarks/results/gemm_cpu.md
 
 Backends that cannot run here are listed as "not available on this machine"
 with the reason, and are never timed.
@@ -19,11 +22,13 @@ with the reason, and are never timed.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -41,28 +46,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_time(fn: Callable[[], object], device: torch.device, repeat: int,
-                min_time: float = 0.05) -> float:
-    """Median seconds per call; each sample runs enough calls to last min_time."""
+def _calls_per_sample(fn: Callable[[], object], device: torch.device, min_time: float) -> int:
     fn()
     sync(device)
     t0 = time.perf_counter()
     fn()
     sync(device)
-    once = max(time.perf_counter() - t0, 1e-6)
-    inner = max(1, int(min_time / once))
-    samples = []
+    return max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
+
+
+def interleaved(det: Callable[[], object], ref: Callable[[], object], device: torch.device,
+                repeat: int, min_time: float = 0.05) -> tuple[float, float, float]:
+    """(median det s, median ref s, median per-pair ratio ref/det) from samples taken
+    det, ref, det, ref, ...; each sample runs enough calls to last min_time."""
+    n_det, n_ref = _calls_per_sample(det, device, min_time), _calls_per_sample(ref, device, min_time)
+    det_s, ref_s = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        sync(device)
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+        for fn, n, out in ((det, n_det, det_s), (ref, n_ref, ref_s)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync(device)
+            out.append((time.perf_counter() - t0) / n)
+    ratios = [r / d for d, r in zip(det_s, ref_s)]
+    return statistics.median(det_s), statistics.median(ref_s), statistics.median(ratios)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
-                device: torch.device, repeat: int) -> dict[str, float]:
+                device: torch.device, repeat: int) -> dict[str, tuple[float, float, float]]:
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
@@ -84,12 +108,8 @@ def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
         ag.grad = bg.grad = None
         torch.matmul(ag, bg).backward(dc)
 
-    return {
-        "det_fwd": median_time(det_fwd, device, repeat),
-        "ref_fwd": median_time(ref_fwd, device, repeat),
-        "det_fb": median_time(det_fwd_bwd, device, repeat),
-        "ref_fb": median_time(ref_fwd_bwd, device, repeat),
-    }
+    return {"fwd": interleaved(det_fwd, ref_fwd, device, repeat),
+            "fb": interleaved(det_fwd_bwd, ref_fwd_bwd, device, repeat)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated; float16 also works, but torch.matmul has no fast "
                    "CPU float16 kernel, so timing it takes long")
     p.add_argument("--backends", default="cpu,triton,cuda")
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--out", type=Path, help="also write the tables to this file")
     args = p.parse_args(argv)
 
     shapes = SQUARE + PROJECTIONS
@@ -111,34 +132,44 @@ def main(argv: list[str] | None = None) -> int:
         shapes, threads, repeat = [SQUARE[0], *PROJECTIONS[::2]], [1], 3
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
 
-    print(f"# det_mm vs torch.matmul  (torch {torch.__version__}, {platform.machine()}, "
-          f"{platform.processor() or 'cpu'}, cuda available: {torch.cuda.is_available()})")
-    print("# speed = t(torch.matmul) / t(det): 1.0 = parity, higher = det faster")
+    lines = [f"# det_mm vs torch.matmul (torch {torch.__version__}, {platform.machine()}, "
+             f"cuda available: {torch.cuda.is_available()})",
+             "speed = t(torch.matmul) / t(det), the median of per-pair ratios of samples taken det, "
+             "torch, det, torch, ...: 1.0 = parity, higher = det faster"]
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    for line in lines:
+        print(line)
     for backend in args.backends.split(","):
         device = torch.device("cpu" if backend == "cpu" else "cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
-            print(f"\n## backend {backend}: not available on this machine (no CUDA GPU)")
+            say(f"\n## backend {backend}: not available on this machine (no CUDA GPU)")
             continue
         why = unavailable_reason(backend, device)
         if why is not None:  # checked before any timing
-            print(f"\n## backend {backend}: not available on this machine ({why}); "
-                  f"available on {device}: {available_backends(device)}")
+            say(f"\n## backend {backend}: not available on this machine ({why}); "
+                f"available on {device}: {available_backends(device)}")
             continue
         for nt in threads if device.type == "cpu" else [torch.get_num_threads()]:
             torch.set_num_threads(nt)
-            label = f"{nt} thread(s)" if device.type == "cpu" else str(device)
-            print(f"\n## backend {backend}, {label}")
-            print("| dtype | M x K x N | det fwd ms | torch fwd ms | fwd speed "
-                  "| det fwd+bwd ms | torch fwd+bwd ms | fwd+bwd speed |")
-            print("|---|---|---|---|---|---|---|---|")
+            where = (f"{device_name(device)}, {os.cpu_count()} cores, {nt} thread(s)"
+                     if device.type == "cpu" else device_name(device))
+            say(f"\n## backend {backend} on {where}")
+            say("| dtype | M x K x N | det fwd ms | torch fwd ms | fwd speed "
+                "| det fwd+bwd ms | torch fwd+bwd ms | fwd+bwd speed | machine |")
+            say("|---|---|---|---|---|---|---|---|---|")
             for dtype in dtypes:
                 for shape in shapes:
                     r = bench_shape(backend, dtype, shape, device, repeat)
-                    print(f"| {str(dtype).replace('torch.', '')} | {'x'.join(map(str, shape))} "
-                          f"| {r['det_fwd'] * 1e3:.2f} | {r['ref_fwd'] * 1e3:.2f} "
-                          f"| {r['ref_fwd'] / r['det_fwd']:.2f} "
-                          f"| {r['det_fb'] * 1e3:.2f} | {r['ref_fb'] * 1e3:.2f} "
-                          f"| {r['ref_fb'] / r['det_fb']:.2f} |", flush=True)
+                    (df, rf, sf), (db, rb, sb) = r["fwd"], r["fb"]
+                    say(f"| {str(dtype).replace('torch.', '')} | {'x'.join(map(str, shape))} "
+                        f"| {df * 1e3:.2f} | {rf * 1e3:.2f} | {sf:.2f} "
+                        f"| {db * 1e3:.2f} | {rb * 1e3:.2f} | {sb:.2f} | {where} |")
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -53,23 +53,27 @@ def test_tp_plan_errors_are_clear():
     assert messages["sharded"] == 2
 
 
-def losses_with(overrides):
-    trainer = _trainer(overrides)
-    trainer.fit()
+def losses_with(*runs):
+    """Train each override list in turn (one process group, fresh trainers); their losses."""
     from credit.train.metrics import read_metrics
 
-    return [float(r["loss"]) for r in read_metrics(trainer.run_dir / "metrics.csv")]
+    losses = []
+    for overrides in runs:
+        trainer = _trainer(overrides)
+        trainer.fit()
+        losses.append([float(r["loss"]) for r in read_metrics(trainer.run_dir / "metrics.csv")])
+    return losses
 
 
 def test_activation_checkpointing_recomputes_the_same_losses_and_bf16_trains(tiny_data, tmp_path):
     base = tiny_overrides(tiny_data, "parallelism=fsdp2_tp2", "trainer.max_steps=4",
                           "trainer.batch_size=2", "data.valid_samples=4")
-    plain = run_ranks(losses_with, 4, [*base, f"run_dir={tmp_path / 'plain'}"])[0]
-    recomputed = run_ranks(losses_with, 4, [*base, f"run_dir={tmp_path / 'ac'}",
-                                            "trainer.parallelism.activation_checkpointing=true"])[0]
+    plain, recomputed, bf16 = run_ranks(
+        losses_with, 4,
+        [*base, f"run_dir={tmp_path / 'plain'}"],
+        [*base, f"run_dir={tmp_path / 'ac'}", "trainer.parallelism.activation_checkpointing=true"],
+        [*base, f"run_dir={tmp_path / 'bf16'}", "trainer.parallelism.mixed_precision=bf16"])[0]
     assert recomputed == plain
-    bf16 = run_ranks(losses_with, 4, [*base, f"run_dir={tmp_path / 'bf16'}",
-                                      "trainer.parallelism.mixed_precision=bf16"])[0]
     assert all(torch.isfinite(torch.tensor(bf16)))
     assert bf16 != plain  # it really computed in bf16 ...
     assert bf16 == pytest.approx(plain, rel=0.05)  # ... and still learns the same problem
