@@ -283,19 +283,21 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
 }
 
 // Longest K (in leaves) one pass takes, so its B panel (512 x NR floats) stays
-// in L1/L2 (best of 4..64 on the model's shapes).  Longer K (dW over a batch's
-// rows) runs T(n)'s top levels as separate passes: the left ceil(n/2) leaves
-// and the right floor(n/2) are exactly the subtrees T(ceil(n/2)) and
-// T(floor(n/2)), summed into fp32 buffers and added once.
-constexpr int64_t kBlockLeaves = 16;
+// in L1/L2 (best of 4..64 on the model's dW shapes).  Longer K (dW over a
+// batch's rows) runs T(n)'s top levels as separate passes: the left ceil(n/2)
+// leaves and the right floor(n/2) are exactly the subtrees T(ceil(n/2)) and
+// T(floor(n/2)), summed into fp32 buffers and added once.  When the output is
+// large, each split costs a pass over it, so passes grow to 32 leaves.
+constexpr int64_t kBlockLeaves = 16, kBlockLeavesLargeOutput = 32;
+constexpr int64_t kLargeOutputBytes = 1 << 20;
 
 // The subtree over leaves [leaf0, leaf0 + n) into dst (M x N, row-major fp32;
 // rowmajor: the tables that address it).
 template <typename T>
 void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<float>& rowmajor,
-             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n) {
+             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n, int64_t block_leaves) {
   const int64_t k0 = leaf0 * kLeaf;
-  if (n <= kBlockLeaves) {
+  if (n <= block_leaves) {
     const Gather<T> ap{a.base, a.row, a.col + k0}, bp{b.base, b.row + k0, b.col};
     int64_t depth = 0;
     const std::vector<int32_t> sched = tree_schedule(n, &depth);
@@ -304,9 +306,9 @@ void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<f
     return;
   }
   const int64_t left = (n + 1) / 2;
-  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left);
+  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left, block_leaves);
   std::vector<float> right(static_cast<size_t>(M * N));
-  subtree(a, b, right.data(), rowmajor, M, K, N, leaf0 + left, n - left);
+  subtree(a, b, right.data(), rowmajor, M, K, N, leaf0 + left, n - left, block_leaves);
   at::parallel_for(0, M * N, 4096, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) dst[i] += right[i];
   });
@@ -339,14 +341,16 @@ template <typename T, typename O>
 void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M, int64_t K,
           int64_t N, const int32_t* sched, int64_t depth) {
   const int64_t nleaves = (K + kLeaf - 1) / kLeaf;
-  if (nleaves <= kBlockLeaves) return gemm_pass<T, O>(a, b, c, M, K, N, sched, depth);
+  const int64_t block_leaves = M * N * 4 > kLargeOutputBytes ? kBlockLeavesLargeOutput : kBlockLeaves;
+  if (nleaves <= block_leaves) return gemm_pass<T, O>(a, b, c, M, K, N, sched, depth);
   // Split passes add into a row-major fp32 buffer; the result is stored (and
   // rounded to O) once at the end.
   std::vector<int64_t> trow(static_cast<size_t>(M)), tcol(static_cast<size_t>(N));
   for (int64_t i = 0; i < M; ++i) trow[i] = i * N;
   for (int64_t j = 0; j < N; ++j) tcol[j] = j;
   std::vector<float> full(static_cast<size_t>(M * N));
-  subtree(a, b, full.data(), Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves);
+  subtree(a, b, full.data(), Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves,
+          block_leaves);
   bool unit = true;
   for (int64_t j = 1; unit && j < N; ++j) unit = c.col[j] == c.col[0] + j;
   at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
