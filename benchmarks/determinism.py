@@ -46,26 +46,11 @@ def _cpu_name() -> str:
 def _timed_kernels() -> list[float]:
     """Wrap the GEMM entry points so every kernel call adds its seconds to the list."""
     import credit.kernels.gemm._ops as ops
-
-    spent: list[float] = []
-    lookup = ops.kernel
-
-    def timed(backend):
-        run = lookup(backend)
-
-        def call(*args):
-            start = time.perf_counter()
-            out = run(*args)
-            spent.append(time.perf_counter() - start)
-            return out
-
-        return call
-
-    ops.kernel = timed
-
     from credit.kernels.gemm import _cpu  # the convolutions' gather GEMMs and the column sums
 
-    def timed_call(run):
+    spent: list[float] = []
+
+    def timed(run):
         def call(*args):
             start = time.perf_counter()
             out = run(*args)
@@ -74,7 +59,9 @@ def _timed_kernels() -> list[float]:
 
         return call
 
-    _cpu.mm_gather, _cpu.colsum = timed_call(_cpu.mm_gather), timed_call(_cpu.colsum)
+    lookup = ops.kernel
+    ops.kernel = lambda backend: timed(lookup(backend))
+    _cpu.mm_gather, _cpu.colsum = timed(_cpu.mm_gather), timed(_cpu.colsum)
     return spent
 
 
