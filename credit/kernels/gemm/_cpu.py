@@ -1,6 +1,7 @@
 """CPU backend: a C++ extension compiled on first use and cached.
 
-The extension (``csrc/cpu_gemm.cpp``) is built with ``torch.utils.cpp_extension``
+The extension (engine ``csrc/cpu_gemm_engine.cpp``, bindings ``csrc/cpu_gemm.cpp``; operands
+are offset tables, see ``csrc/cpu_gemm_kernel.h``) is built with ``torch.utils.cpp_extension``
 for the SIMD level torch reports for this CPU (AVX-512, AVX2+FMA, or portable
 scalar code).  The build directory is keyed by that level, so a shared cache
 never hands an AVX-512 binary to an AVX2 machine.  All three code paths use
@@ -10,7 +11,8 @@ How the reduction order is pinned: each output element is a sequential FMA
 chain over each 32-element K leaf, and leaves are combined by the fixed tree in
 ``_tree.py``.  Threads (``at::parallel_for``, i.e. ``torch.set_num_threads``)
 split the output tiles, never K; edge tiles are zero-padded and go through the
-same micro-kernel.  No BLAS library is called.
+same micro-kernel.  No BLAS library is called (hand-written: no library offers a GEMM
+with a caller-fixed reduction order).
 """
 
 from __future__ import annotations
