@@ -152,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command in ("train", "rollout", "check", "convert-checkpoint") and (
+            "-h" in rest or "--help" in rest):
+        print(USAGE, end="")  # before hydra, whose override parser would reject the flag
+        return 0
     if command == "train":
         return _train(rest)
     if command == "rollout":

@@ -169,3 +169,12 @@ def test_yaml_groups_never_restate_a_schema_default():
         walk(yaml.safe_load(text), node, f"{package}.")
     assert checked >= 8  # era5 and the parallelism layouts do change things
     assert not restated, restated
+
+
+@pytest.mark.parametrize("command", ["train", "rollout", "check", "convert-checkpoint"])
+def test_help_after_a_command_prints_usage(command, capsys):
+    from credit.cli import main
+
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr()
+    assert "train [--nproc N] [KEY=VALUE ...]" in out.out and not out.err
