@@ -1,9 +1,10 @@
-"""The `credit` command: train | rollout | check | convert-checkpoint | data generate."""
+"""The `credit` command: train | rollout | check | convert-checkpoint | data generate | sdc-probe."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 USAGE = """credit <command> [args]
 
@@ -20,7 +21,14 @@ commands:
                                  checkpoint OUT (new path) for the model the overrides describe;
                                  continue with: credit train trainer.resume=OUT KEY=VALUE ...
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
+  sdc-probe [--nproc N] [--layers 8] [--dim 64] [--iterations 10] [KEY=VALUE ...]
+                                 qualify ranks for silent data corruption: identical layers under
+                                 FSDP2 + TP (e.g. trainer.parallelism.tensor=2, model.gemm=...,
+                                 diagnostics.sdc.inject.*); per-layer, per-rank table; exit 1 on
+                                 any mismatch
 """
+
+PROBE_FLAGS = {"--layers": 8, "--dim": 64, "--iterations": 10}
 
 
 def _fail(message: str) -> int:
@@ -40,17 +48,35 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
     return None, rest
 
 
+_EXIT_DIR = "CREDIT_RANK_EXIT_DIR"  # where launched ranks leave their exit codes
+
+
 def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
-    """Re-run `credit <command_name>` as `nproc` local ranks under torchrun (same overrides)."""
+    """Run `credit <command_name>` as `nproc` local ranks under torchrun (same overrides) and
+    exit with the ranks' own exit code (torchrun reports any failure as 1; an SDC stop is 3,
+    a config error 2)."""
     import os
+    import subprocess
+    import tempfile
 
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={nproc}", "-m", "credit.cli", command_name, *overrides,
     ]
-    env = {"OMP_NUM_THREADS": "1", **os.environ}
-    os.execvpe(command[0], command, env)
-    return 0  # not reached
+    with tempfile.TemporaryDirectory() as codes:
+        env = {"OMP_NUM_THREADS": "1", **os.environ, _EXIT_DIR: codes}
+        launcher_code = subprocess.call(command, env=env)
+        ranks = [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]
+    failed = [code for code in ranks if code]
+    sys.exit(max(failed) if failed else launcher_code)
+
+
+def _record_exit(code: int) -> None:
+    import os
+
+    where = os.environ.get(_EXIT_DIR)
+    if where:
+        (Path(where) / f"{os.environ.get('RANK', '0')}.code").write_text(str(code))
 
 
 def _compose_or_launch(args: Sequence[str], command_name: str):
@@ -81,12 +107,20 @@ def _train(args: Sequence[str]) -> int:
     from credit.checkpoint import CheckpointError
     from credit.config import ConfigError
     from credit.data import DataError
+    from credit.diagnostics import SDCError
     from credit.train import run_training
 
     try:
         run_training(cfg)
-    except (ConfigError, DataError, CheckpointError, FileExistsError, FileNotFoundError) as error:
+    except (ConfigError, DataError, CheckpointError, FileExistsError, FileNotFoundError,
+            FloatingPointError) as error:
         return _fail(str(error))
+    except SDCError as error:  # the run's checks found corrupted data: exit 3, not a usage error
+        import os
+
+        if os.environ.get("RANK", "0") == "0":  # every rank reached the same verdict
+            print(f"error: {error}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -146,13 +180,55 @@ def _convert(args: Sequence[str]) -> int:
     return 0
 
 
+def _probe(args: Sequence[str]) -> int:
+    from credit.config import ConfigError, compose_config
+
+    try:
+        nproc, rest = _split_nproc(args)
+        sizes, overrides = dict(PROBE_FLAGS), []
+        words = iter(rest)
+        for word in words:
+            flag, _, value = word.partition("=")
+            if flag in sizes:
+                value = value or next(words, "")
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"{flag} {value!r} must be a whole number >= 1")
+                sizes[flag] = int(value)
+            else:
+                overrides.append(word)
+        checks = "[comm,replica,compute]" if any(o.startswith("trainer.parallelism.tensor=") and
+                                                 o.split("=")[1] != "1" for o in overrides) \
+            else "[comm,compute]" if (nproc or 1) > 1 else "[compute]"
+        cfg = compose_config(["run_dir=runs/sdc-probe", *overrides, "trainer.parallelism.data=fsdp2",
+                              "diagnostics.sdc.enabled=true", "diagnostics.sdc.every_n_steps=1",
+                              f"diagnostics.sdc.checks={checks}", "diagnostics.sdc.action=warn"])
+        if nproc is not None:
+            from credit.parallel.mesh import resolve_layout
+
+            resolve_layout(nproc, "fsdp2", cfg.trainer.parallelism.tensor)
+    except (ConfigError, ValueError) as error:
+        return _fail(str(error))
+    flags = [f"{k}={v}" for k, v in sizes.items()]
+    if nproc is not None and nproc > 1:
+        _launch(nproc, [*flags, *overrides], "sdc-probe")
+    from credit.diagnostics.probe import run_probe
+    from credit.logs import configure_logging
+    from credit.parallel.runtime import launched_rank
+
+    configure_logging(rank=launched_rank())
+    try:
+        return run_probe(cfg, sizes["--layers"], sizes["--dim"], sizes["--iterations"])
+    except (ConfigError, ValueError) as error:
+        return _fail(str(error))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command in ("train", "rollout", "check", "convert-checkpoint") and (
+    if command in ("train", "rollout", "check", "convert-checkpoint", "sdc-probe") and (
             "-h" in rest or "--help" in rest):
         print(USAGE, end="")  # before hydra, whose override parser would reject the flag
         return 0
@@ -164,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(rest)
     if command == "convert-checkpoint":
         return _convert(rest)
+    if command == "sdc-probe":
+        return _probe(rest)
     if command == "data":
         if not rest or rest[0] != "generate":
             return _fail("usage: credit data generate --out DIR [--grid 32x64 --years ...]")
@@ -171,9 +249,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return generate_main(rest[1:])
     return _fail(
-        f"unknown command {command!r}; commands: train, rollout, check, convert-checkpoint, data generate"
+        f"unknown command {command!r}; commands: train, rollout, check, convert-checkpoint, "
+        f"data generate, sdc-probe"
     )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    _record_exit(exit_code)
+    sys.exit(exit_code)

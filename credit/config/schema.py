@@ -183,12 +183,44 @@ class RolloutConfig:
 
 
 @dataclass
+class SDCInjectConfig:
+    """One bit flipped once, to qualify the detector (docs/sdc.md): `kind` none | gemm_output
+    (a Linear's forward output) | all_gather (its weight as FSDP2 gathered it) | grad_shard
+    (its weight's reduce-scattered gradient shard), on `rank` at `step` (a checked step)."""
+
+    kind: str = "none"
+    layer: str = ""  # module path of an nn.Linear, e.g. stages.0.layers.0.0.to_q
+    rank: int = 0
+    step: int = 0  # 1-based, as in metrics.csv
+    bit: int = 22  # bit of the element's raw bits (22: fp32's top mantissa bit; 0..15 for bf16)
+    index: int = 0  # element: gemm_output: column of the row the compute check recomputes;
+    # all_gather / grad_shard: flat index in the weight's gathered tensor / gradient shard
+
+
+@dataclass
+class SDCConfig:
+    """Silent-data-corruption checks in the training step (docs/sdc.md)."""
+
+    enabled: bool = False
+    every_n_steps: int = 10  # steps 10, 20, ... are checked
+    action: str = "warn"  # warn | stop | rollback (reload the last verified checkpoint)
+    checks: List[str] = field(default_factory=lambda: ["comm", "replica", "compute"])
+    inject: SDCInjectConfig = field(default_factory=SDCInjectConfig)
+
+
+@dataclass
+class DiagnosticsConfig:
+    sdc: SDCConfig = field(default_factory=SDCConfig)
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
 
 def register_configs() -> None:

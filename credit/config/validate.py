@@ -229,6 +229,46 @@ def validate_rollout(rollout: DictConfig) -> None:
                "must be >= 1")
 
 
+SDC_CHECKS = ("comm", "replica", "compute")
+SDC_ACTIONS = ("warn", "stop", "rollback")
+SDC_INJECT_KINDS = ("none", "gemm_output", "all_gather", "grad_shard")
+
+
+def validate_sdc(sdc: DictConfig, checkpoint_every: int) -> None:
+    """`diagnostics.sdc`: a typo must never run a weaker check and report green. Whether a
+    check has anything to compare in the run's layout is decided at setup
+    (`credit.diagnostics`), where the layout is known."""
+    _check(sdc.every_n_steps >= 1, "diagnostics.sdc.every_n_steps", sdc.every_n_steps,
+           "must be >= 1")
+    _check(sdc.action in SDC_ACTIONS, "diagnostics.sdc.action", sdc.action,
+           f"allowed: {list(SDC_ACTIONS)}")
+    _each("diagnostics.sdc.checks", sdc.checks, lambda c: c in SDC_CHECKS,
+          f"each check must be one of {list(SDC_CHECKS)}")
+    _check(len(set(sdc.checks)) == len(sdc.checks), "diagnostics.sdc.checks", sdc.checks,
+           "names a check twice")
+    _check(len(sdc.checks) >= 1 or not sdc.enabled, "diagnostics.sdc.checks", sdc.checks,
+           f"give at least one of {list(SDC_CHECKS)} (or diagnostics.sdc.enabled=false)")
+    _check(sdc.action != "rollback" or checkpoint_every >= 1 or not sdc.enabled,
+           "diagnostics.sdc.action", sdc.action,
+           "rollback needs trainer.checkpoint.every_n_steps >= 1 (a verified checkpoint to return to)")
+    inject = sdc.inject
+    _check(inject.kind in SDC_INJECT_KINDS, "diagnostics.sdc.inject.kind", inject.kind,
+           f"allowed: {list(SDC_INJECT_KINDS)}")
+    if inject.kind == "none":
+        return
+    _check(sdc.enabled, "diagnostics.sdc.inject.kind", inject.kind,
+           "injecting a fault needs diagnostics.sdc.enabled=true (the checks that must catch it)")
+    _check(bool(inject.layer), "diagnostics.sdc.inject.layer", inject.layer,
+           "name the nn.Linear module to corrupt, e.g. stages.0.layers.0.0.to_q")
+    _check(inject.step >= 1 and inject.step % sdc.every_n_steps == 0, "diagnostics.sdc.inject.step",
+           inject.step, f"must be a checked step: a multiple of diagnostics.sdc.every_n_steps="
+           f"{sdc.every_n_steps}")
+    _check(inject.rank >= 0, "diagnostics.sdc.inject.rank", inject.rank, "must be >= 0")
+    _check(inject.index >= 0, "diagnostics.sdc.inject.index", inject.index, "must be >= 0")
+    _check(0 <= inject.bit <= 31, "diagnostics.sdc.inject.bit", inject.bit,
+           "must be in 0..31 (0..15 for bf16 tensors)")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first key whose value cannot be used."""
     _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
@@ -240,6 +280,7 @@ def validate_config(cfg: DictConfig) -> None:
                "model.gemm=deterministic computes in fp32; use 'none'")
     validate_data(cfg.data)
     validate_rollout(cfg.rollout)
+    validate_sdc(cfg.diagnostics.sdc, cfg.trainer.checkpoint.every_n_steps)
     variables = cfg.data.variables
     output_vars = [*variables.upper_air, *variables.surface, *variables.diagnostic]
     for name in cfg.trainer.loss.variable_weights:

@@ -68,6 +68,16 @@ def build_runtime(cfg: DictConfig) -> Runtime:
     )
 
 
+def launched_rank() -> int:
+    """This process's rank as the launcher announced it (0 when run directly)."""
+    import os
+
+    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
 def shutdown() -> None:
     """Leave the process group, when one was joined."""
     if dist.is_available() and dist.is_initialized():

@@ -21,12 +21,14 @@ class MetricsLog:
     """Append-only CSV of training and validation rows, rewritten on resume.
 
     Columns: step, epoch, split (train | valid), loss, grad_norm, lr, samples_per_s,
-    then rmse_<var> and persistence_rmse_<var> for each output variable (validation rows).
+    then `extra_columns` (the SDC counters when diagnostics.sdc is on), then rmse_<var> and
+    persistence_rmse_<var> for each output variable (validation rows).
     """
 
-    def __init__(self, path: str | Path, variables: Sequence[str], resume_step: int | None) -> None:
+    def __init__(self, path: str | Path, variables: Sequence[str], resume_step: int | None,
+                 extra_columns: Sequence[str] = ()) -> None:
         self.path = Path(path)
-        self.columns = list(TRAIN_COLUMNS)
+        self.columns = list(TRAIN_COLUMNS) + list(extra_columns)
         self.columns += [f"rmse_{v}" for v in variables]
         self.columns += [f"persistence_rmse_{v}" for v in variables]
         kept: list[dict[str, str]] = []

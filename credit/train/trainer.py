@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from credit.checkpoint.manager import CheckpointManager
 from credit.checkpoint.resume import ResumedRun, resume_source, resume_training
 from credit.checkpoint.training_state import Progress, training_state
+from credit.diagnostics import SDC_COLUMNS, SDCDetector, StepReport
 from credit.data import (
     DPShardedBatchSampler,
     build_dataset,
@@ -51,6 +52,7 @@ from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.progress import TrainingProgress
 from credit.train.schedule import warmup_cosine
+from credit.train.sdc_response import SDCResponse
 from credit.train.validation import evaluate, output_channel_variables
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class StepResult:
     grad_norm: float  # global, before clipping
     lr: float  # the learning rate this step used
     seconds: float
+    sdc: StepReport  # empty unless the step was checked
 
 
 class Trainer:
@@ -114,6 +117,12 @@ class Trainer:
         seed_for_init(cfg.trainer.seed)
         layout = model_layout(cfg.data, self.train_set)
         self.model = build_model(cfg.model, **layout).to(rt.device)
+        self.sdc = None
+        if cfg.diagnostics.sdc.enabled:
+            self.sdc = SDCDetector(cfg.diagnostics.sdc, deterministic=self.deterministic,
+                                   run_dir=self.run_dir, rank=rt.rank, device=rt.device,
+                                   world_size=rt.layout.world_size if rt.layout else 1)
+            self.sdc.attach_compute(self.model)  # before TP: it taps each Linear's own output
         if rt.mesh is not None:
             par = cfg.trainer.parallelism
             parallelize_model(
@@ -126,6 +135,9 @@ class Trainer:
                 shard_granularity=par.shard_granularity,
                 deterministic=self.deterministic,
             )
+        if self.sdc is not None:
+            self.sdc.attach(self.model)
+            log.info("%s", self.sdc.describe())
         ema = cfg.trainer.ema
         self.ema = EMA(self.model, ema.decay) if ema.enabled else None
 
@@ -221,6 +233,8 @@ class Trainer:
         trainer, rt = self.cfg.trainer, self.runtime
         started = time.perf_counter()
         seed_for_step(trainer.seed, rt.dp_rank, self.step)
+        if self.sdc is not None:
+            self.sdc.begin_step(self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         losses = []
         for micro in range(trainer.grad_accum_steps):
@@ -234,10 +248,7 @@ class Trainer:
                 losses.append(self._backward(batch))
         loss_value = self._step_loss(losses)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
-            raise FloatingPointError(
-                f"loss became {loss_value} at step {self.step + 1}; lower "
-                f"trainer.optimizer.lr or enable trainer.grad_clip"
-            )
+            return self._non_finite(loss_value, started)
         if rt.mesh is not None:
             if self.deterministic and trainer.parallelism.data == "ddp":
                 tree_all_reduce_gradients(list(self.model.parameters()), rt.mesh["dp"].get_group())
@@ -253,7 +264,21 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
         self.progress.step += 1
-        return StepResult(loss_value, grad_norm, lr, time.perf_counter() - started)
+        report = self.sdc.end_step() if self.sdc is not None else StepReport()
+        return StepResult(loss_value, grad_norm, lr, time.perf_counter() - started, report)
+
+    def _non_finite(self, loss_value: float, started: float) -> StepResult:
+        """A non-finite loss: corrupted data if this step's checks say so (then the SDC action
+        decides, the update unapplied), else a diverging run."""
+        report = self.sdc.end_step() if self.sdc is not None else StepReport()
+        if report.mismatches and self.cfg.diagnostics.sdc.action != "warn":
+            self.progress.step += 1
+            return StepResult(loss_value, math.nan, self.scheduler.get_last_lr()[0],
+                              time.perf_counter() - started, report)
+        cause = (f"; this step's checks found corrupted data in {', '.join(report.corrupted_layers)} "
+                 f"({self.run_dir / 'sdc.jsonl'})" if report.mismatches else "")
+        raise FloatingPointError(f"loss became {loss_value} at step {self.step + 1}; lower "
+                                 f"trainer.optimizer.lr or enable trainer.grad_clip{cause}")
 
     def _backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns what `_step_loss` combines:
@@ -311,7 +336,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
         variables = list(dict.fromkeys(self.channel_variables))
-        return MetricsLog(self.run_dir / "metrics.csv", variables, self.step or None)
+        extra = SDC_COLUMNS if self.sdc is not None else ()
+        return MetricsLog(self.run_dir / "metrics.csv", variables, self.step or None, extra)
 
     def fit(self) -> dict[str, float]:
         """Train to `trainer.max_steps` (or `steps_per_job` more steps); return the final
@@ -334,15 +360,26 @@ class Trainer:
         samples = self.sampler.global_batch_size * trainer.grad_accum_steps
         batches = iter(self.loader)
         results: dict[str, float] = {}
+        sdc = SDCResponse(self.cfg.diagnostics.sdc.action, self.step, self.run_dir / "sdc.jsonl",
+                           self.runtime.is_main)
         self.model.train()
         while self.step < stop_at:
             result = self.train_step(batches)
             row = dict(step=self.step, epoch=self.progress.epoch, split="train",
                        loss=result.loss, grad_norm=result.grad_norm, lr=result.lr,
                        samples_per_s=samples / result.seconds)
+            if self.sdc is not None:
+                row.update(sdc.columns(result.sdc))
             if metrics is not None:
                 metrics.log(row)
             progress.update(self.step, result.loss, row["samples_per_s"])
+            rollback_to = sdc.after_step(self.step, result.sdc, self.checkpoints)  # or raises
+            if rollback_to is not None:  # replay from a verified checkpoint, skipping nothing
+                self.sdc.note({"event": "rollback", "step": self.step, "checkpoint": str(rollback_to)})
+                self.load(rollback_to)
+                self._build_loaders()
+                batches, metrics = iter(self.loader), self._open_metrics()
+                continue
             last = self.step == stop_at
             if self._due(trainer.valid_every_n_steps, last):
                 results = self.validate()
