@@ -196,12 +196,15 @@ def _probe(args: Sequence[str]) -> int:
                 sizes[flag] = int(value)
             else:
                 overrides.append(word)
-        checks = "[comm,replica,compute]" if any(o.startswith("trainer.parallelism.tensor=") and
-                                                 o.split("=")[1] != "1" for o in overrides) \
-            else "[comm,compute]" if (nproc or 1) > 1 else "[compute]"
         cfg = compose_config(["run_dir=runs/sdc-probe", *overrides, "trainer.parallelism.data=fsdp2",
                               "diagnostics.sdc.enabled=true", "diagnostics.sdc.every_n_steps=1",
-                              f"diagnostics.sdc.checks={checks}", "diagnostics.sdc.action=warn"])
+                              "diagnostics.sdc.action=warn"])
+        from credit.parallel.mesh import launched_world_size
+
+        world, tensor = nproc or launched_world_size(), cfg.trainer.parallelism.tensor
+        # every check the layout can run: comm needs more than one rank, replica tp > 1
+        cfg.diagnostics.sdc.checks = (["comm"] if world > 1 else []) + \
+            (["replica"] if tensor > 1 else []) + ["compute"]
         if nproc is not None:
             from credit.parallel.mesh import resolve_layout
 

@@ -45,7 +45,7 @@ def _param_group(module: FSDPModule):
 
 
 def fsdp_units(model: nn.Module) -> list[FSDPUnit]:
-    """Every FSDP2 unit with parameters, in module order (one entry per param group)."""
+    """Every FSDP2 unit with sharded parameters, in module order (one per param group)."""
     names = {id(m): n for n, m in model.named_modules()}
     units: list[FSDPUnit] = []
     seen: set[int] = set()
@@ -54,6 +54,9 @@ def fsdp_units(model: nn.Module) -> list[FSDPUnit]:
             continue
         group = _param_group(module)
         if group is None or id(group) in seen:
+            continue
+        shard_group = getattr(group.mesh_info, "shard_process_group", None)
+        if shard_group is None:  # replicate() (data=ddp): nothing gathered or scattered
             continue
         seen.add(id(group))
         params = []
@@ -64,7 +67,6 @@ def fsdp_units(model: nn.Module) -> list[FSDPUnit]:
                 name=f"{owner}.{info.param_name}" if owner else info.param_name,
                 module=info.module, attr=info.param_name, sharded=fsdp_param.sharded_param,
                 shard_numel=fsdp_param.padded_sharded_param_size.numel()))
-        shard_group = group.mesh_info.shard_process_group
         units.append(FSDPUnit(
             name=names[id(group.modules[0])] or "<root>", modules=tuple(group.modules),
             params=params, group=shard_group,
