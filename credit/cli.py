@@ -31,8 +31,13 @@ commands:
 PROBE_FLAGS = {"--layers": 8, "--dim": 64, "--iterations": 10}
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def _fail(message: str, every_rank: bool = True) -> int:
+    """One `error:` line and exit code 2. An error every rank reaches alike (a config value)
+    is printed by rank 0 only (`every_rank=False`)."""
+    import os
+
+    if every_rank or os.environ.get("RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr)
     return 2
 
 
@@ -112,14 +117,12 @@ def _train(args: Sequence[str]) -> int:
 
     try:
         run_training(cfg)
-    except (ConfigError, DataError, CheckpointError, FileExistsError, FileNotFoundError,
-            FloatingPointError) as error:
+    except (ConfigError, FloatingPointError) as error:  # the same on every rank
+        return _fail(str(error), every_rank=False)
+    except (DataError, CheckpointError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
     except SDCError as error:  # the run's checks found corrupted data: exit 3, not a usage error
-        import os
-
-        if os.environ.get("RANK", "0") == "0":  # every rank reached the same verdict
-            print(f"error: {error}", file=sys.stderr)
+        _fail(str(error), every_rank=False)  # every rank reached the same verdict
         return 3
     return 0
 
