@@ -27,28 +27,34 @@ from credit.diagnostics.checksum import bit_checksum, chunk_checksums, flip_bit,
 from credit.diagnostics.compute import unit_roundoff
 from credit.diagnostics.fsdp_units import FSDPUnit
 from credit.diagnostics.slots import Injection, SlotTable
-from credit.diagnostics.verdict import Mismatch, disagreeing
+from credit.diagnostics.verdict import Mismatch, disagreeing, layer_of
 from credit.kernels.gemm._tree import tree_sum
 from credit.parallel.tree_reduce import TreeReduceScatter
 
 StepContext = Callable[[], tuple[torch.Tensor | None, int]]
 
 
-def _layer(param_name: str) -> str:
-    return param_name.rsplit(".", 1)[0] if "." in param_name else "<root>"
+class _UnitCheck:
+    """What both checks hold: the units, the fault to inject, whether to compare, and the
+    step's buffer and number (`context()`: the buffer is None on unchecked steps)."""
 
-
-class AllGatherCheck:
-    check = "all_gather"
-
-    def __init__(self, units: list[FSDPUnit], slots: SlotTable, injection: Injection | None,
-                 rank: int, enabled: bool, context: StepContext) -> None:
+    def __init__(self, units: list[FSDPUnit], injection: Injection | None, rank: int,
+                 enabled: bool, context: StepContext) -> None:
         self.units = units
         self.injection = injection
         self.rank = rank
         self.enabled = enabled
         self.context = context
-        self.spans = {}  # param name -> slots: sent checksum, gathered (0/1), one per block
+        self.spans: dict[str, slice] = {}
+
+
+class AllGatherCheck(_UnitCheck):
+    check = "all_gather"
+
+    def __init__(self, units: list[FSDPUnit], slots: SlotTable, injection: Injection | None,
+                 rank: int, enabled: bool, context: StepContext) -> None:
+        super().__init__(units, injection, rank, enabled, context)
+        # per parameter: the checksum it sent, gathered this step (0/1), one per shard block
         self.done: set[str] = set()
         for unit in units:
             for param in unit.params:
@@ -82,7 +88,7 @@ class AllGatherCheck:
         for param in unit.params:
             gathered = getattr(param.module, param.attr)
             if param.attr == "weight" and self.injection is not None and self.injection.due(
-                    "all_gather", _layer(param.name), self.rank, step):
+                    "all_gather", layer_of(param.name), self.rank, step):
                 flip_bit(gathered, self.injection.index, self.injection.bit)
             if self.enabled:
                 span = self.spans[param.name]
@@ -100,7 +106,7 @@ class AllGatherCheck:
             for group, members in by_group.items():
                 if len(group) < 2:
                     continue
-                verified.add((_layer(name), self.check))
+                verified.add((layer_of(name), self.check))
                 for block, owner in enumerate(group):
                     values = {("sent", owner): rows[owner][span.start]}
                     values.update({("got", r): rows[r][span.start + 2 + block] for r in members})
@@ -113,7 +119,7 @@ class AllGatherCheck:
         for role, rank in bad:
             what = (f"shard {block} as rank {rank} sent it" if role == "sent"
                     else f"shard {block} (from rank {owner}) as rank {rank} received it")
-            out.append(Mismatch(step, rank, _layer(name), "comm", self.check, name, expected,
+            out.append(Mismatch(step, rank, layer_of(name), "comm", self.check, name, expected,
                                 values[role, rank], peers,
                                 {k: sorted({r for _, r in v}) for k, v in candidates.items()}
                                 if candidates else None, what))
@@ -144,17 +150,12 @@ class CheckedReduceScatter(ReduceScatter):
         return None
 
 
-class ReduceScatterCheck:
+class ReduceScatterCheck(_UnitCheck):
     check = "reduce_scatter"
 
     def __init__(self, units: list[FSDPUnit], slots: SlotTable, injection: Injection | None,
                  rank: int, enabled: bool, context: StepContext) -> None:
-        self.units = units
-        self.injection = injection
-        self.rank = rank
-        self.enabled = enabled
-        self.context = context
-        self.spans = {}
+        super().__init__(units, injection, rank, enabled, context)
         for unit in units:
             # ran, ok, checksum of the shard, of the second path's, first bad element
             self.spans[unit.name] = slots.reserve(5)
@@ -245,7 +246,7 @@ class ReduceScatterCheck:
                     continue
                 name, start = next(((n, s) for n, s, numel in offsets if s <= bad < s + numel),
                                    (unit.name, 0))
-                found.append(Mismatch(step, rank, _layer(name), "comm", self.check, name, expected,
+                found.append(Mismatch(step, rank, layer_of(name), "comm", self.check, name, expected,
                                       got, list(unit.group_ranks),
                                       detail=f"element {bad - start} of this rank's gradient shard "
                                              f"differs from the second reduction (unit {unit.name})"))

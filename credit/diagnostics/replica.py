@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from credit.diagnostics.checksum import bit_checksum
 from credit.diagnostics.slots import SlotTable
-from credit.diagnostics.verdict import Mismatch, disagreeing
+from credit.diagnostics.verdict import Mismatch, disagreeing, layer_of
 
 
 def replica_label(param: torch.Tensor) -> tuple:
@@ -60,7 +60,7 @@ class ReplicaCheck:
             groups: dict[tuple, dict[int, int]] = {}
             for rank, values in enumerate(rows):
                 groups.setdefault(labels[rank][name], {})[rank] = values[span.start]
-            layer = name.rsplit(".", 1)[0] if "." in name else "<root>"
+            layer = layer_of(name)
             for members in groups.values():
                 if len(members) < 2:
                     continue

@@ -32,6 +32,11 @@ class Mismatch:
         return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
 
 
+def layer_of(param_name: str) -> str:
+    """The module path a parameter belongs to ("<root>" for the model's own)."""
+    return param_name.rsplit(".", 1)[0] if "." in param_name else "<root>"
+
+
 def disagreeing(values: dict[int, int]) -> tuple[int | None, list[int], dict[str, list[int]] | None]:
     """`values`: rank -> checksum. Returns (reference, ranks that differ from it, None), or
     with no strict majority (None, every rank, {value: ranks})."""
