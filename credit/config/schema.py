@@ -35,6 +35,7 @@ class ModelConfig:
     attn_dropout: float = 0.0
     ff_dropout: float = 0.0
     use_spectral_norm: bool = False
+    spectral_norm_tp: str = "shard"  # shard | replicate: spectral-normed blocks under tensor parallelism
     padding: str = "earth"  # earth | none
     gemm: str = "fast"  # fast | deterministic: layout-invariant bits (docs/determinism.md)
 

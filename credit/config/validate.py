@@ -52,6 +52,7 @@ def heads_split_error(heads: int, tensor: int) -> str | None:
 
 
 GEMM_MODES = ("fast", "deterministic")
+SPECTRAL_NORM_TP = ("shard", "replicate")
 
 
 def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
@@ -106,6 +107,8 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
     _check(model.padding in ("earth", "none"), "model.padding", model.padding,
            "allowed: 'earth', 'none'")
     _check(model.gemm in GEMM_MODES, "model.gemm", model.gemm, f"allowed: {list(GEMM_MODES)}")
+    _check(model.spectral_norm_tp in SPECTRAL_NORM_TP, "model.spectral_norm_tp", model.spectral_norm_tp,
+           f"allowed: {list(SPECTRAL_NORM_TP)}")
     if model.gemm == "deterministic":
         for i, width in enumerate(model.dim):
             for what, key, w in (("attention width", f"model.dim[{i}]", width),

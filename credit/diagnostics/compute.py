@@ -29,6 +29,7 @@ from torch import nn
 from credit.diagnostics.checksum import bit_checksum, flip_bit, local, raw_bits
 from credit.diagnostics.slots import Injection, SlotTable
 from credit.diagnostics.verdict import Mismatch
+from credit.models.spectral_norm import has_spectral_norm
 
 _U_ACC = 2.0 ** -24
 _U_MUL = {"highest": 0.0, "high": 2.0 ** -11, "medium": 2.0 ** -8}
@@ -100,7 +101,9 @@ class ComputeCheck:
     def _within_bound(module: nn.Linear, x: torch.Tensor, row: int, got: torch.Tensor,
                       expected: torch.Tensor) -> torch.Tensor:
         x_row = local(x).reshape(-1, local(x).shape[-1])[row].abs().float()
-        weight = local(module.weight).abs().float()
+        # a spectral-normed layer computes with W / sigma (u, v as this step left them)
+        weight = module.normalized_weight() if has_spectral_norm(module) else module.weight
+        weight = local(weight).abs().float()
         magnitude = weight @ x_row
         if module.bias is not None:
             magnitude = magnitude + local(module.bias).abs().float()

@@ -6,7 +6,8 @@ from credit.models.ema import EMA
 from credit.models.inputs import model_input
 from credit.models.legacy import LegacyWXFormer, build_legacy_model
 from credit.models.remap import RemapError, remap_conv_state_dict
-from credit.models.wxformer import WXFormer, WXFormerSpec, apply_spectral_norm
+from credit.models.spectral_norm import advance_spectral_norm, apply_spectral_norm, has_spectral_norm
+from credit.models.wxformer import WXFormer, WXFormerSpec
 
 __all__ = [
     "EMA",
@@ -14,9 +15,11 @@ __all__ = [
     "RemapError",
     "WXFormer",
     "WXFormerSpec",
+    "advance_spectral_norm",
     "apply_spectral_norm",
     "build_legacy_model",
     "build_model",
+    "has_spectral_norm",
     "model_input",
     "model_spec",
     "remap_conv_state_dict",

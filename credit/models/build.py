@@ -8,10 +8,11 @@ from typing import Any
 
 from torch import nn
 
-from credit.models.wxformer import WXFormer, WXFormerSpec, apply_spectral_norm
+from credit.models.spectral_norm import apply_spectral_norm
+from credit.models.wxformer import WXFormer, WXFormerSpec
 
 # Keys of `model.*` that are not WXFormerSpec fields but are consumed here.
-_BUILD_KEYS = {"name", "use_spectral_norm"}
+_BUILD_KEYS = {"name", "use_spectral_norm", "spectral_norm_tp"}  # the last: for parallelize_model
 # WXFormerSpec fields that come from the data layout, not from `model.*`.
 _LAYOUT_FIELDS = {"in_channels", "out_channels", "state_channels", "history_len", "grid"}
 MODEL_NAMES = ("wxformer",)
@@ -47,7 +48,8 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     name = model_cfg.get("name", "wxformer")
     if name not in MODEL_NAMES:
         raise ValueError(f"model.name={name!r} is not one of {list(MODEL_NAMES)}")
-    model = WXFormer(model_spec(model_cfg, **layout))
+    spec = model_spec(model_cfg, **layout)
+    model = WXFormer(spec)
     if model_cfg.get("use_spectral_norm", False):
-        apply_spectral_norm(model)
+        apply_spectral_norm(model, deterministic=spec.gemm == "deterministic")
     return model

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.models.build import model_spec
-from credit.models.wxformer import Attention, FeedForward, WXFormer, WXFormerSpec, apply_spectral_norm
+from credit.models.wxformer import Attention, FeedForward, WXFormer, WXFormerSpec
 
 
 def _conv1x1(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -99,5 +99,8 @@ def build_legacy_model(model_cfg: Mapping[str, Any], **layout: Any) -> LegacyWXF
     """The legacy model for the same `model.*` config and data layout as `build_model`."""
     model = LegacyWXFormer(model_spec(model_cfg, **layout))
     if model_cfg.get("use_spectral_norm", False):
-        apply_spectral_norm(model)
+        # the legacy checkpoints' format: torch's hook-style weight_orig / weight_u / weight_v
+        for module in list(model.modules()):
+            if isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
+                nn.utils.spectral_norm(module)
     return model

@@ -28,6 +28,8 @@ _PLANNED_KEY = re.compile(
 # iteration vectors `weight_u` (length O) and `weight_v` (length I, for a conv I*kh*kw).
 _SUFFIXES = ("weight", "weight_orig", "weight_u", "weight_v", "bias")
 _MATRIX_SUFFIXES = ("weight", "weight_orig")
+# today's spectral norm (`credit.models.spectral_norm`) keeps the raw weight as `weight`
+_HOOK_WEIGHT = ".weight_orig"
 
 
 class RemapError(ValueError):
@@ -90,7 +92,9 @@ def remap_conv_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, t
     - `...to_qkv.bias` (3*inner,) -> three (inner,) biases;
     - `...to_qkv.weight_u` (3*inner,) -> three parts, each rescaled to unit length;
     - `...to_qkv.weight_v` (dim,) -> copied to all three;
-    - `to_out`, `up`, `down` (and `to_q`/`to_k`/`to_v`) `{weight,weight_orig}` (O, I, 1, 1) -> (O, I).
+    - `to_out`, `up`, `down` (and `to_q`/`to_k`/`to_v`) `{weight,weight_orig}` (O, I, 1, 1) -> (O, I);
+    - hook-style spectral norm's `weight_orig`, on any layer, -> `weight` (today's raw weight
+      beside `weight_u` / `weight_v`).
 
     Already-converted entries pass through, so the function is idempotent. Raises RemapError
     naming the key for an unknown suffix on a projection, a shape that is neither layout,
@@ -100,6 +104,8 @@ def remap_conv_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, t
     sources: dict[str, str] = {}
 
     def put(name: str, value: torch.Tensor, source: str) -> None:
+        if name.endswith(_HOOK_WEIGHT):
+            name = name[: -len(_HOOK_WEIGHT)] + ".weight"
         if name in out:
             raise RemapError(
                 f"{source} and {sources[name]} both map to {name}; a state dict holds either the "

@@ -366,14 +366,3 @@ class WXFormer(nn.Module):
 
         delta, diagnostic = out[:, : spec.state_channels], out[:, spec.state_channels :]
         return torch.cat([last_state + delta, diagnostic], dim=1)
-
-
-def apply_spectral_norm(model: nn.Module) -> nn.Module:
-    """Wrap every Linear and convolution weight in hook-style spectral normalisation.
-
-    The normalised layer then stores `weight_orig`, `weight_u` and `weight_v`.
-    """
-    for module in list(model.modules()):
-        if isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)):
-            nn.utils.spectral_norm(module)
-    return model

@@ -30,7 +30,14 @@ def supports_native_tp(model: nn.Module) -> bool:
 
 
 def _has_spectral_norm(layer: nn.Module) -> bool:
-    # hook-style spectral_norm keeps `weight_orig`; the parametrize style a `parametrizations` dict
+    # credit's spectral norm (credit.models.spectral_norm) marks its layers; no import of
+    # the models floor from here
+    return getattr(layer, "spectral_norm_on_tp_shards", False) or _has_foreign_spectral_norm(layer)
+
+
+def _has_foreign_spectral_norm(layer: nn.Module) -> bool:
+    # torch's own spectral norms need the whole weight: hook style keeps `weight_orig`, the
+    # parametrization a `parametrizations` dict
     return hasattr(layer, "weight_orig") or "weight" in getattr(layer, "parametrizations", {})
 
 
@@ -61,16 +68,19 @@ def _check_block(name: str, block: nn.Module, tp_size: int) -> None:
         constraints(block, tp_size)
 
 
-def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> int:
+def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral_norm: str = "shard") -> int:
     """Shard every opted-in block over `tp_mesh`; return how many blocks were sharded.
 
     Planned Linear weights become DTensors (colwise: Shard(0) of the weight, output sharded
     on the last dim; rowwise: Shard(1), partial outputs all-reduced to a replicated result),
     keeping their names and logical shapes, so checkpoints and optimizers see one model.
-    Blocks whose planned layers carry spectral normalisation are left replicated (its
-    power iteration cannot run on sharded weights); the whole colwise/rowwise group is
-    skipped together because a colwise output is only valid feeding its rowwise partner.
-    Raises ValueError when nothing can be sharded at tp > 1, or when a plan is invalid.
+    Spectral-normed layers (`credit.models.spectral_norm`) shard too: their power iteration
+    runs on the shards. `spectral_norm="replicate"` (`model.spectral_norm_tp`) leaves blocks
+    with spectral-normed planned layers replicated on every tp rank, as do torch's own
+    spectral norms, which need the whole weight; the whole colwise/rowwise group is skipped
+    together because a colwise output is only valid feeding its rowwise partner.
+    Raises ValueError when a plan is invalid, or when nothing can be sharded at tp > 1 for
+    any reason but `spectral_norm="replicate"`.
     """
     tp_size = tp_mesh.size()
     blocks = planned_blocks(model)
@@ -79,26 +89,34 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> int:
             f"trainer.parallelism.tensor={tp_size} but {type(model).__name__} declares no _tp_plan "
             f"on any block; use tensor=1"
         )
-    sharded, skipped = 0, 0
+    sharded, replicated, foreign = 0, 0, 0
     for name, block in blocks:
         layers = [block.get_submodule(p) for p in block._tp_plan if _has_path(block, p)]
-        if any(_has_spectral_norm(layer) for layer in layers):
-            skipped += 1
+        if any(_has_foreign_spectral_norm(layer) for layer in layers):
+            foreign += 1
+            continue
+        if spectral_norm == "replicate" and any(_has_spectral_norm(layer) for layer in layers):
+            replicated += 1
             continue
         _check_block(name, block, tp_size)
         plan = {path: _STYLES[style]() for path, style in block._tp_plan.items()}
         parallelize_module(block, tp_mesh, plan)
         sharded += 1
-    if skipped:
-        log.warning(
-            "tensor parallel: %d of %d blocks use spectral norm and stay replicated on every tp rank",
-            skipped, len(blocks),
-        )
+    if foreign:
+        log.warning("tensor parallel: %d of %d blocks use torch's spectral norm (hook or "
+                    "parametrization) and stay replicated on every tp rank", foreign, len(blocks))
+    if replicated:
+        log.warning("tensor parallel (model.spectral_norm_tp=replicate): %d blocks sharded, %d "
+                    "spectral-normed blocks replicated on every tp rank", sharded, replicated)
     if tp_size > 1 and sharded == 0:
-        raise ValueError(
-            f"trainer.parallelism.tensor={tp_size} but every planned block uses spectral norm, so "
-            f"nothing can be sharded; set model.use_spectral_norm=false or tensor=1"
-        )
+        if foreign or spectral_norm != "replicate":
+            raise ValueError(
+                f"trainer.parallelism.tensor={tp_size} but every planned block uses torch's "
+                f"spectral norm, so nothing can be sharded; build the model with "
+                f"credit.models.apply_spectral_norm or use tensor=1"
+            )
+        log.warning("tensor parallelism has no effect: every planned block is replicated "
+                    "(model.spectral_norm_tp=replicate); each tp rank repeats the whole computation")
     log.info("applied tensor parallel (tp=%d) to %d blocks", tp_size, sharded)
     return sharded
 

@@ -81,6 +81,7 @@ def parallelize_model(
     reshard_after_forward: bool = True,
     shard_granularity: str = "block",
     deterministic: bool = False,
+    spectral_norm_tp: str = "shard",
 ) -> nn.Module:
     """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
 
@@ -93,12 +94,13 @@ def parallelize_model(
     small models where collective latency dominates). `deterministic` gives every FSDP2
     unit a reduce-scatter that adds ranks in a fixed tree and does not average, and with
     ddp leaves the replicas unwrapped for the trainer's tree all-reduce
-    (`credit.parallel.tree_reduce`). All are validated values (`credit.config.validate`
+    (`credit.parallel.tree_reduce`). `spectral_norm_tp` ("shard" or "replicate",
+    `model.spectral_norm_tp`): see `apply_native_tensor_parallel`. All are validated values (`credit.config.validate`
     holds those rules). Returns the model (modified in place).
     """
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     if tp_mesh.size() > 1:
-        apply_native_tensor_parallel(model, tp_mesh)
+        apply_native_tensor_parallel(model, tp_mesh, spectral_norm_tp)
 
     units = shard_units(model)
     if activation_checkpointing:

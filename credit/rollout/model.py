@@ -25,7 +25,8 @@ def build_forecast_model(cfg: DictConfig, dataset: ERA5Dataset, runtime: Runtime
     model = build_model(cfg.model, **model_layout(cfg.data, dataset)).to(runtime.device)
     if runtime.mesh is not None:
         par = cfg.trainer.parallelism
-        parallelize_model(model, runtime.mesh, par.data, mixed_precision=par.mixed_precision)
+        parallelize_model(model, runtime.mesh, par.data, mixed_precision=par.mixed_precision,
+                          spectral_norm_tp=cfg.model.spectral_norm_tp)
     return model
 
 

@@ -33,7 +33,7 @@ from credit.data import (
     model_layout,
 )
 from credit.kernels.gemm._tree import tree_sum
-from credit.models import EMA, build_model
+from credit.models import EMA, advance_spectral_norm, build_model
 from credit.models.dropout import dropout_step
 from credit.parallel.exact_norm import clip_grad_norm_exact_
 from credit.parallel.tree_reduce import tree_all_reduce_gradients
@@ -134,6 +134,7 @@ class Trainer:
                 reshard_after_forward=par.reshard_after_forward,
                 shard_granularity=par.shard_granularity,
                 deterministic=self.deterministic,
+                spectral_norm_tp=cfg.model.spectral_norm_tp,
             )
         if self.sdc is not None:
             self.sdc.attach(self.model)
@@ -236,6 +237,7 @@ class Trainer:
         if self.sdc is not None:
             self.sdc.begin_step(self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
+        advance_spectral_norm(self.model)  # u, v advance in this step's first training forward
         losses = []
         for micro in range(trainer.grad_accum_steps):
             batch = {k: v.to(rt.device) for k, v in next(batches).items()}

@@ -50,6 +50,7 @@ def test_overrides_apply():
         ("model.attn_dropout=1.5", "model.attn_dropout=1.5"),
         ("model.padding=zeros", "model.padding='zeros'"),
         ("model.gemm=exact", "model.gemm='exact'"),
+        ("model.spectral_norm_tp=gather", "model.spectral_norm_tp='gather'"),
         ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
         ("trainer.parallelism.data=horovod", "trainer.parallelism.data='horovod'"),
         ("trainer.parallelism.tensor=0", "trainer.parallelism.tensor=0"),

@@ -11,6 +11,7 @@ from credit.models import (
     RemapError,
     build_legacy_model,
     build_model,
+    has_spectral_norm,
     remap_conv_state_dict,
 )
 
@@ -121,12 +122,16 @@ def test_fused_and_separate_qkv_together_is_an_error():
 
 
 def _bake(model: nn.Module) -> dict:
-    """Effective weights (weight_orig / sigma from the stored u, v), spectral norm removed."""
+    """Effective weights (raw weight / sigma from the stored u, v), u and v dropped."""
     model.eval()
     for module in model.modules():
-        if hasattr(module, "weight_orig"):
+        if hasattr(module, "weight_orig"):  # torch's hook style (the legacy model)
             nn.utils.remove_spectral_norm(module)
-    return model.state_dict()
+    baked = {}
+    for name, module in model.named_modules():
+        if has_spectral_norm(module):  # today's
+            baked[f"{name}.weight"] = module.normalized_weight().detach()
+    return {k: baked.get(k, v) for k, v in model.state_dict().items() if not k.endswith(("_u", "_v"))}
 
 
 def test_spectral_norm_weights_map_exactly_and_differ_only_through_the_normalisation():
@@ -139,11 +144,12 @@ def test_spectral_norm_weights_map_exactly_and_differ_only_through_the_normalisa
     converted = build_model({**SMALL, "use_spectral_norm": True}, **LAYOUT)
     converted.load_state_dict(remapped, strict=True)
 
-    # the stored tensors: weight_orig split exactly, u split and rescaled to unit length, v copied
+    # the stored tensors: weight_orig split exactly (as the raw `weight`), u split and rescaled
+    # to unit length, v copied
     fused_w, fused_u, fused_v = (sd[f"{QKV}.{s}"] for s in ("weight_orig", "weight_u", "weight_v"))
     for i, name in enumerate(("to_q", "to_k", "to_v")):
         prefix = f"stages.0.layers.0.0.{name}"
-        assert torch.equal(remapped[f"{prefix}.weight_orig"], fused_w[16 * i : 16 * (i + 1), :, 0, 0])
+        assert torch.equal(remapped[f"{prefix}.weight"], fused_w[16 * i : 16 * (i + 1), :, 0, 0])
         part = fused_u[16 * i : 16 * (i + 1)]
         assert torch.allclose(remapped[f"{prefix}.weight_u"], part / part.norm())
         assert torch.equal(remapped[f"{prefix}.weight_v"], fused_v)

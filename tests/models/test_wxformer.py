@@ -129,14 +129,15 @@ def test_padding_none_requires_a_divisible_grid():
     assert small_model(grid=(16, 32), padding="none")(torch.randn(1, 9, 16, 32)).shape[-2:] == (16, 32)
 
 
-def test_spectral_norm_wraps_projections_hook_style():
+def test_spectral_norm_keeps_the_raw_weight_beside_u_and_v():
     torch.manual_seed(0)
     model = small_model(use_spectral_norm=True)
     keys = model.state_dict().keys()
     q = "stages.0.layers.0.0.to_q"
-    assert {f"{q}.weight_orig", f"{q}.weight_u", f"{q}.weight_v"} <= set(keys)
+    assert {f"{q}.weight", f"{q}.weight_u", f"{q}.weight_v"} <= set(keys)
+    assert not any(k.endswith("weight_orig") for k in keys)
     model(torch.randn(1, 9, 16, 32)).sum().backward()
-    assert model.stages[0].layers[0][0].to_q.weight_orig.grad is not None
+    assert model.stages[0].layers[0][0].to_q.weight.grad is not None
 
 
 def test_unknown_model_key_is_an_error_naming_it():
