@@ -33,6 +33,14 @@ COMMON = ["trainer.progress_bar=false", "trainer.valid_every_n_steps=0",
           "trainer.checkpoint.every_n_steps=0", "trainer.resume=never"]
 
 
+def report(lines: list[str], out: Path | None) -> None:
+    """Print a result table; also write it to `out` when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        out.write_text(text)
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -163,10 +171,7 @@ def main() -> None:
         "",
         f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --steps {args.steps}`",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from determinism import _cpu_name  # noqa: E402  (one home for the machine's name)
+from determinism import _cpu_name, report  # noqa: E402  (one home for the machine's name)
 
 OVERRIDES = ["parallelism=fsdp2_tp2", "trainer.batch_size=8", "trainer.progress_bar=false",
              "trainer.valid_every_n_steps=0", "trainer.checkpoint.every_n_steps=0",
@@ -101,10 +101,7 @@ def main() -> None:
         "",
         f"Reproduce: `python benchmarks/sdc.py --gemm {args.gemm} --steps {args.steps}`",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ commands:
                                  FSDP2 + TP (e.g. trainer.parallelism.tensor=2, model.gemm=...,
                                  diagnostics.sdc.inject.*); per-layer, per-rank table; exit 1 on
                                  any mismatch
+
+Every failure prints one `error:` line (exit 2; an SDC stop exits 3). --debug (or
+CREDIT_DEBUG=1) shows the traceback of an unexpected one.
 """
 
 PROBE_FLAGS = {"--layers": 8, "--dim": 64, "--iterations": 10}
@@ -114,10 +117,11 @@ def _train(args: Sequence[str]) -> int:
     from credit.data import DataError
     from credit.diagnostics import SDCError
     from credit.train import run_training
+    from credit.train.run_lock import RunDirInUse
 
     try:
         run_training(cfg)
-    except (ConfigError, FloatingPointError) as error:  # the same on every rank
+    except (ConfigError, FloatingPointError, RunDirInUse, NotADirectoryError) as error:  # the same on every rank
         return _fail(str(error), every_rank=False)
     except (DataError, CheckpointError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))
@@ -228,8 +232,30 @@ def _probe(args: Sequence[str]) -> int:
         return _fail(str(error))
 
 
+DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; every failure ends in one `error:` line and exit status 2 (3: an SDC
+    stop). An error no command expects is reported the same way, named by its type, unless
+    `--debug` or CREDIT_DEBUG=1 asks for the traceback."""
+    import os
+
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in args:
+        args.remove("--debug")
+        os.environ[DEBUG_ENV] = "1"  # torchrun-launched ranks inherit it
+    try:
+        return _dispatch(args)
+    except Exception as error:
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else "(no message)"
+        return _fail(f"{type(error).__name__}: {first} (--debug or {DEBUG_ENV}=1 shows the traceback)")
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args else 2

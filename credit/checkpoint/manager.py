@@ -55,9 +55,36 @@ def _quiet_single_process():
         yield
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete DCP checkpoint, or None when it is: `.metadata` (which
+    DCP writes last) present and readable, and every data file it names present and at
+    least as long as the bytes it records there (a directory copied half-way may have its
+    `.metadata` and lack data)."""
+    path = Path(path)
+    if not path.is_dir():
+        return "not a directory"
+    if not (path / ".metadata").is_file():
+        return "no .metadata (the save or a copy of it did not finish)"
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as error:  # unpickling errors come in many types; name the first line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f".metadata cannot be read ({first})"
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        data = path / name
+        if not data.is_file():
+            return f"data file {name} is missing"
+        if data.stat().st_size < size:
+            return f"data file {name} is truncated ({data.stat().st_size} of {size} bytes)"
+    return None
+
+
 def is_complete_checkpoint(path: Path) -> bool:
-    """A DCP directory whose save finished (DCP writes `.metadata` last)."""
-    return path.is_dir() and (path / ".metadata").is_file()
+    """A DCP directory whose save finished and whose data files are all there."""
+    return checkpoint_problem(path) is None
 
 
 def checkpoint_keys(path: str | Path) -> set[str]:
@@ -78,17 +105,33 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
 
-    def complete_checkpoints(self) -> list[tuple[int, Path]]:
-        """(step, path) of every complete checkpoint, oldest first; a step's `.previous`
-        copy stands in for it only while the step's own directory is not complete."""
+    def _step_dirs(self) -> list[tuple[int, Path, str | None]]:
+        """(step, path, problem or None) of every step directory, in name order."""
         if not self.root.is_dir():
             return []
-        found: dict[int, Path] = {}
+        found = []
         for path in sorted(self.root.iterdir()):  # step_X sorts before step_X.previous
             match = _STEP_DIR.match(path.name)
-            if match and is_complete_checkpoint(path):
-                found.setdefault(int(match.group(1)), path)
+            if match:
+                found.append((int(match.group(1)), path, checkpoint_problem(path)))
+        return found
+
+    def complete_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of every complete checkpoint, oldest first; a step's `.previous`
+        copy stands in for it only while the step's own directory is not complete.
+        Damaged directories are never counted (`damaged_checkpoints`)."""
+        found: dict[int, Path] = {}
+        for step, path, problem in self._step_dirs():
+            if problem is None:
+                found.setdefault(step, path)
         return sorted(found.items())
+
+    def damaged_checkpoints(self) -> list[tuple[Path, str]]:
+        """(path, what is wrong) of every step directory that is not a complete checkpoint
+        (a step's `.previous` copy left beside a complete directory is not listed)."""
+        complete = {step for step, _ in self.complete_checkpoints()}
+        return [(path, problem) for step, path, problem in self._step_dirs()
+                if problem is not None and not (path.name.endswith(_PREVIOUS_SUFFIX) and step in complete)]
 
     def latest(self) -> Path | None:
         checkpoints = self.complete_checkpoints()
@@ -125,6 +168,8 @@ class CheckpointManager:
             shutil.rmtree(previous)
 
     def _retain(self) -> None:
+        # only complete checkpoints count and are removed: the newest keep_latest_k (>= 1)
+        # good ones always stay, and damaged directories are left for the user to inspect
         checkpoints = self.complete_checkpoints()
         for _, path in checkpoints[: -self.keep_latest_k]:
             shutil.rmtree(path, ignore_errors=True)
@@ -134,9 +179,8 @@ class CheckpointManager:
 def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Load a DCP checkpoint into `state` in place (every key of `state` must be stored)."""
     path = Path(path)
-    if not is_complete_checkpoint(path):
-        raise FileNotFoundError(
-            f"checkpoint {path} is not a complete DCP checkpoint directory (no .metadata)"
-        )
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is not a complete DCP checkpoint directory: {problem}")
     with _quiet_single_process():
         dcp.load(state, checkpoint_id=str(path))

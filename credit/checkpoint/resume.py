@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from credit.checkpoint.legacy import load_model_weights
-from credit.checkpoint.manager import CheckpointManager, is_complete_checkpoint, load_checkpoint
+from credit.checkpoint.manager import CheckpointManager, checkpoint_problem, load_checkpoint
 from credit.checkpoint.strict import check_stored_weights, check_weights, stored_shapes
 from credit.checkpoint.training_state import Progress, restore_training_state
 from credit.models.ema import EMA
@@ -38,6 +38,8 @@ def _decide(resume: str, run_dir: Path, checkpoints: CheckpointManager) -> tuple
             )
         return "fresh", None
     if resume == "auto":
+        for path, problem in checkpoints.damaged_checkpoints():
+            log.warning("trainer.resume=auto skips damaged checkpoint %s: %s", path, problem)
         return ("resume", str(latest)) if latest is not None else ("fresh", None)
     return "resume", resume
 
@@ -120,9 +122,10 @@ def find_checkpoint(choice: str, run_dir: str | Path) -> Path:
     path = Path(choice)
     if not path.exists():
         raise FileNotFoundError(f"rollout.checkpoint={choice} does not exist")
-    if not is_complete_checkpoint(path):
+    problem = checkpoint_problem(path)
+    if problem is not None:
         raise FileNotFoundError(
-            f"rollout.checkpoint={choice} is not a complete DCP checkpoint directory (no .metadata)")
+            f"rollout.checkpoint={choice} is not a complete DCP checkpoint directory: {problem}")
     return path
 
 

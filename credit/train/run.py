@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from credit.logs import configure_logging
 from credit.parallel import build_runtime, shutdown
+from credit.train.run_lock import run_dir_lock
 from credit.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,10 @@ def run_training(cfg: DictConfig) -> dict[str, float]:
         lay = runtime.layout
         log.info("mesh: world %d = dp %d x tp %d, data parallel: %s", lay.world_size, lay.dp, lay.tp, lay.data)
     try:
-        trainer = Trainer(cfg, runtime)
-        trainer.setup()
-        results = trainer.fit()
+        with run_dir_lock(cfg.run_dir, runtime.is_main):  # one job per run_dir, before any write
+            trainer = Trainer(cfg, runtime)
+            trainer.setup()
+            results = trainer.fit()
     finally:
         shutdown()
     if runtime.is_main:

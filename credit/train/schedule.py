@@ -28,8 +28,15 @@ class WarmupCosine:
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float
+    optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float,
+    step: int = 0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The schedule positioned at optimizer step `step` (a resume: each group's `initial_lr`
+    is its base learning rate; the lr is set to base x multiplier(step), the same value an
+    uninterrupted run reaches)."""
+    if step:
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(warmup_steps, max_steps, min_lr_ratio)
+        optimizer, WarmupCosine(warmup_steps, max_steps, min_lr_ratio), last_epoch=step - 1
     )

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
+from credit.checkpoint.config_check import check_resume_config
 from credit.checkpoint.manager import CheckpointManager
 from credit.checkpoint.resume import ResumedRun, resume_source, resume_training
 from credit.checkpoint.training_state import Progress, training_state
@@ -215,12 +216,40 @@ class Trainer:
         return path
 
     def load(self, path: Path) -> None:
+        check_resume_config(self.cfg, path)  # a differing model: one line, before any load
         run = ResumedRun(
             self.model, self.optimizer, self.scheduler, self.ema,
             self.sampler.global_batch_size, self.sampler.batches_per_epoch,
         )
         self.progress = resume_training(path, run)
+        self._apply_config_hyperparameters()
         self._choose_foreach()
+
+    def _apply_config_hyperparameters(self) -> None:
+        """The config wins on resume: optimizer hyperparameters and the schedule come from
+        `trainer.*`, not from the checkpoint (users extend and fine-tune runs this way); the
+        schedule is rebuilt at the resumed step. One log line per changed value."""
+        trainer = self.cfg.trainer
+        opt, sched = trainer.optimizer, trainer.scheduler
+        wanted = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+        changes: dict[str, tuple] = {}
+        for group in self.optimizer.param_groups:
+            for key, value in wanted.items():
+                stored = group.get("initial_lr", group["lr"]) if key == "lr" else group[key]
+                if (tuple(stored) if key == "betas" else stored) != value:
+                    changes[f"trainer.optimizer.{key}"] = (stored, value)
+                group["initial_lr" if key == "lr" else key] = value
+        saved = self.scheduler.lr_lambdas[0]  # the schedule's parameters as saved
+        for key, now, before in (("trainer.scheduler.warmup_steps", sched.warmup_steps, saved.warmup_steps),
+                                 ("trainer.max_steps", trainer.max_steps, saved.max_steps),
+                                 ("trainer.scheduler.min_lr_ratio", sched.min_lr_ratio, saved.min_lr_ratio)):
+            if now != before:
+                changes[key] = (before, now)
+        self.scheduler = warmup_cosine(self.optimizer, sched.warmup_steps, trainer.max_steps,
+                                       sched.min_lr_ratio, step=self.step)
+        if self.runtime.is_main:
+            for key, (before, now) in changes.items():
+                log.info("resume: %s %s -> %s (the config wins; checkpoint value replaced)", key, before, now)
 
     # ------------------------------------------------------------------ step
     def _advance_position(self) -> None:

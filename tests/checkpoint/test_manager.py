@@ -1,6 +1,7 @@
 """Sharded DCP checkpoints: atomic publication, retention, crash safety."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from credit.checkpoint.manager import CheckpointManager, checkpoint_keys, load_checkpoint
+from credit.checkpoint.manager import CheckpointError, CheckpointManager, checkpoint_keys, load_checkpoint
 
 
 def _state(value: float) -> dict:
@@ -42,9 +43,40 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
 
 def test_loading_an_incomplete_directory_is_an_error(tmp_path):
     (tmp_path / "step_00000001").mkdir()
-    with pytest.raises(FileNotFoundError, match="not a complete DCP checkpoint"):
+    with pytest.raises(CheckpointError, match="not a complete DCP checkpoint directory: no .metadata"):
         load_checkpoint(tmp_path / "step_00000001", _state(0))
     assert CheckpointManager(tmp_path, 1).latest() is None
+
+
+def _damage(path, how):
+    data = sorted(path.glob("*.distcp"))[0]
+    if how == "no metadata":
+        (path / ".metadata").unlink()
+    elif how == "missing data":
+        data.unlink()
+    else:  # copied half-way: .metadata there, the data cut short
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("how, problem", [
+    ("no metadata", "no .metadata"),
+    ("missing data", r"data file __0_0\.distcp is missing"),
+    ("truncated", r"data file __0_0\.distcp is truncated \(\d+ of \d+ bytes\)"),
+])
+def test_a_damaged_checkpoint_is_named_never_counted_and_never_costs_a_good_one(tmp_path, how, problem):
+    manager = CheckpointManager(tmp_path, keep_latest_k=2)
+    for step in (1, 2):
+        manager.save(step, _state(step))
+    _damage(manager.step_dir(2), how)
+    assert [s for s, _ in manager.complete_checkpoints()] == [1]  # 2 is not counted
+    assert manager.latest() == manager.step_dir(1)
+    (damaged, why), = manager.damaged_checkpoints()
+    assert damaged == manager.step_dir(2) and re.fullmatch(problem + ".*", why)
+    with pytest.raises(CheckpointError, match=f"{manager.step_dir(2)} is not a complete DCP checkpoint directory: {problem}"):
+        load_checkpoint(manager.step_dir(2), _state(0))
+    manager.save(3, _state(3))  # two good ones remain (1 and 3); the damaged 2 is left alone
+    assert [s for s, _ in manager.complete_checkpoints()] == [1, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002", "step_00000003"]
 
 
 def test_keep_latest_k_must_be_positive(tmp_path):

@@ -56,7 +56,7 @@ def test_auto_without_checkpoints_and_an_incomplete_checkpoint(trained_run, tmp_
     assert f"rollout.checkpoint=auto found no complete checkpoint in {tmp_path / 'fresh' / 'checkpoints'}" in err
     (tmp_path / "half").mkdir()
     err = refuse(capsys, overrides(f"rollout.checkpoint={tmp_path / 'half'}"))
-    assert "is not a complete DCP checkpoint directory (no .metadata)" in err
+    assert "is not a complete DCP checkpoint directory: no .metadata" in err
 
 
 def test_loading_is_strict_and_names_the_keys(trained_run, tmp_path, capsys):
@@ -98,7 +98,7 @@ def test_model_config_comparison_names_keys_and_skips_sections_a_checkpoint_lack
     from omegaconf import OmegaConf
 
     from credit.config import compose_config
-    from credit.rollout.checkpoint import model_config_differences
+    from credit.checkpoint.config_check import model_config_differences
 
     _, overrides = trained_run
     run = compose_config(overrides())

@@ -1,0 +1,151 @@
+"""Bad inputs around a training run: each one clear `error:` line (exit 2), nothing already
+written lost. Real processes, real run directories, real DCP checkpoints."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import credit
+import credit.train
+from credit.cli import main as credit_main
+from credit.train.metrics import read_metrics
+from credit.train.run_lock import RunDirInUse, acquire
+from credit.train.schedule import WarmupCosine
+
+SRC = str(Path(credit.__file__).resolve().parents[1])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def _one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def _snapshot(run: Path) -> dict[str, str]:
+    """Every file under `run` (the lock file aside) and a hash of its bytes."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".credit.lock"}
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    """A finished 2-step run with a checkpoint at every step."""
+    from tiny import tiny_overrides
+
+    run = tmp_path_factory.mktemp("hardening") / "run"
+    overrides = tiny_overrides(tiny_data, f"run_dir={run}", "trainer.max_steps=2",
+                               "trainer.checkpoint.every_n_steps=1", "trainer.checkpoint.keep_latest_k=3")
+    assert credit_main(["train", *overrides]) == 0
+    return run, overrides
+
+
+def test_a_second_job_on_a_live_run_dir_is_refused_naming_the_holder(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    lock = acquire(run)  # this test process plays the live job's rank 0
+    try:
+        result = _cli("train", *tiny_overrides(run, "trainer.max_steps=2"))
+        line = _one_error_line(result.stderr)
+        assert result.returncode == 2
+        assert f"run_dir {run} is in use by pid {os.getpid()} on " in line
+        assert "wait for that job to end or choose another run_dir" in line
+        assert _snapshot(run) == {}  # the refused job wrote nothing
+    finally:
+        os.close(lock)
+    # a job that dies holding the lock (killed: no clean-up) leaves nothing stuck
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from credit.train.run_lock import acquire; acquire(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(300)", str(run)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirInUse, match=f"in use by pid {holder.pid} "):
+            acquire(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    os.close(acquire(run))  # free again
+
+
+def test_a_run_dir_that_is_a_file_is_one_line(tiny_overrides, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes\n")
+    result = _cli("train", *tiny_overrides(path, "trainer.max_steps=1"))
+    assert result.returncode == 2
+    assert f"run_dir {path} is a file" in _one_error_line(result.stderr)
+    assert "Traceback" not in result.stderr
+    assert path.read_text() == "my notes\n"
+
+
+def test_resuming_with_another_model_names_the_keys_and_changes_nothing(trained, capsys):
+    run, overrides = trained
+    before = _snapshot(run)
+    code = credit_main(["train", *overrides, "trainer.max_steps=3", "model.dim=[16,64]", "model.depth=[1,2]"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2
+    assert f"cannot resume from {run / 'checkpoints' / 'step_00000002'}" in line
+    assert "model.depth: run [1, 2], checkpoint [1, 1]; model.dim: run [16, 64], checkpoint [16, 32]" in line
+    assert "trainer.* and the parallel layout may change" in line
+    assert _snapshot(run) == before
+
+
+def test_optimizer_and_schedule_come_from_the_config_on_resume(trained, tmp_path, capsys):
+    source, overrides = trained
+    run = tmp_path / "extended"
+    assert credit_main(["train", *overrides, f"run_dir={run}",
+                        f"trainer.resume={source / 'checkpoints' / 'step_00000002'}",
+                        "trainer.max_steps=4", "trainer.optimizer.lr=1e-4",
+                        "trainer.optimizer.weight_decay=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "resume: trainer.optimizer.lr 0.002 -> 0.0001 (the config wins" in out
+    assert "resume: trainer.optimizer.weight_decay 0.01 -> 0.5 (the config wins" in out
+    assert "resume: trainer.max_steps 2 -> 4" in out
+    assert "trainer.optimizer.eps" not in out  # unchanged values say nothing
+    rows = {int(r["step"]): float(r["lr"]) for r in read_metrics(run / "metrics.csv")}
+    schedule = WarmupCosine(warmup_steps=2, max_steps=4, min_lr_ratio=0.05)
+    assert sorted(rows) == [3, 4]
+    for step, lr in rows.items():  # the rebuilt schedule at the resumed step, the new base lr
+        assert lr == pytest.approx(1e-4 * schedule(step - 1), rel=1e-12), step
+
+
+def test_resume_auto_names_a_damaged_checkpoint_and_uses_the_last_good_one(trained, tmp_path, capsys):
+    import shutil
+
+    source, overrides = trained
+    run = tmp_path / "copy"
+    shutil.copytree(source, run)  # as a user copying a run, the last checkpoint half-way
+    data = sorted((run / "checkpoints" / "step_00000002").glob("*.distcp"))[0]
+    data.write_bytes(data.read_bytes()[:100])
+    good = _snapshot(run / "checkpoints" / "step_00000001")
+    assert credit_main(["train", *overrides, f"run_dir={run}", "trainer.max_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert (f"trainer.resume=auto skips damaged checkpoint {run / 'checkpoints' / 'step_00000002'}: "
+            f"data file {data.name} is truncated (100 of ") in out
+    assert f"resumed from {run / 'checkpoints' / 'step_00000001'} at step 1" in out
+    assert _snapshot(run / "checkpoints" / "step_00000001") == good
+
+
+def test_an_unexpected_error_is_one_line_unless_debug_asks(monkeypatch, capsys, tmp_path):
+    def broken(cfg):
+        raise RuntimeError("the disk went away\nsecond line")
+
+    monkeypatch.setattr(credit.train, "run_training", broken)
+    monkeypatch.delenv("CREDIT_DEBUG", raising=False)
+    assert credit_main(["train", f"run_dir={tmp_path}"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line == ("error: RuntimeError: the disk went away (--debug or CREDIT_DEBUG=1 shows the "
+                    "traceback)")
+    with pytest.raises(RuntimeError, match="the disk went away"):
+        credit_main(["train", "--debug", f"run_dir={tmp_path}"])
+    monkeypatch.delenv("CREDIT_DEBUG")  # --debug set it for launched ranks
