@@ -88,6 +88,8 @@ class DataConfig:
     history_len: int = 1
     forecast_len: int = 1
     normalize: bool = True
+    nonfinite: str = "error"  # error | skip_sample: a NaN/inf read from a file
+    allow_missing_times: bool = False  # a variable lacking times the others have: warn, not fail
     num_workers: int = 0
     valid_samples: int = 64  # validation samples, evenly spaced over valid_period
 

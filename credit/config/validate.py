@@ -53,6 +53,7 @@ def heads_split_error(heads: int, tensor: int) -> str | None:
 
 GEMM_MODES = ("fast", "deterministic")
 SPECTRAL_NORM_TP = ("shard", "replicate")
+NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
 
 
 def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
@@ -128,6 +129,8 @@ def _parse_time(key: str, value: str) -> np.datetime64:
 
 def validate_data(data: DictConfig) -> None:
     _check(data.history_len >= 1, "data.history_len", data.history_len, "must be >= 1")
+    _check(data.nonfinite in NONFINITE_MODES, "data.nonfinite", data.nonfinite,
+           f"allowed: {list(NONFINITE_MODES)}")
     _check(data.forecast_len >= 1, "data.forecast_len", data.forecast_len, "must be >= 1")
     _check(data.num_workers >= 0, "data.num_workers", data.num_workers, "must be >= 0")
     _check(data.valid_samples >= 1, "data.valid_samples", data.valid_samples, "must be >= 1")

@@ -7,6 +7,7 @@ static fields; the target is the prognostic state plus diagnostic variables over
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -18,6 +19,9 @@ import xarray as xr
 
 from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, parse_period, resolve_glob,
                       scan_file)
+from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem, nonfinite_problem
+
+log = logging.getLogger(__name__)
 
 ROLES = ("upper_air", "surface", "forcing", "static", "diagnostic", "mean", "std")
 _TIME_ROLES = ("upper_air", "surface", "forcing", "diagnostic")
@@ -54,13 +58,21 @@ class ERA5Dataset(torch.utils.data.Dataset):
     starting at t is valid when all its times lie in the period and exist for every variable;
     samples may span files. ``stride`` keeps every stride-th valid start. File handles are opened
     lazily, once per process (``open_count`` counts them), and reused; construction only scans.
-    Raises :class:`DataError` for any mismatch between the configuration and the files.
+    Raises :class:`DataError` for any mismatch between the configuration and the files, and when
+    a variable lacks times the others have in the period (``allow_missing_times``: a warning,
+    and those samples are left out). Values read are checked finite: ``nonfinite="error"``
+    raises naming the file, variable and time; ``"skip_sample"`` returns the next sample whose
+    values are finite instead (its ``skipped`` entry counts the samples passed over).
     """
 
     def __init__(self, root: str | Path, *, files: Mapping[str, str], variables: VariableSpec,
                  levels: Sequence[float], period: tuple[str, str], history_len: int = 1, forecast_len: int = 1,
-                 normalize: bool = True, stride: int = 1, level_dim: str = "level"):
+                 normalize: bool = True, stride: int = 1, level_dim: str = "level",
+                 nonfinite: str = "error", allow_missing_times: bool = False):
         self.root = Path(root)
+        if nonfinite not in NONFINITE_MODES:
+            raise DataError(f"nonfinite={nonfinite!r}; allowed: {list(NONFINITE_MODES)}")
+        self.nonfinite, self.allow_missing_times = nonfinite, bool(allow_missing_times)
         self.variables, self.levels = variables, tuple(float(lv) for lv in levels)
         self.history_len, self.forecast_len = int(history_len), int(forecast_len)
         self.normalize, self.level_dim = bool(normalize), level_dim
@@ -182,11 +194,20 @@ class ERA5Dataset(torch.utils.data.Dataset):
         if start < first or end >= last + self.step_ns:
             raise DataError(f"period {tuple(period)} lies outside the data: files {data_files} span "
                             f"{fmt_time(first)} to {fmt_time(last)} every {self.step_ns / HOUR_NS:g} h")
+        n = self.history_len + self.forecast_len
+        role_of = {v: role for role in _TIME_ROLES for v in getattr(self.variables, role)}
+        files_of_role = {role: [self._info[p] for p in self._role_paths.get(role, [])] for role in _TIME_ROLES}
+        problem = missing_times_problem({v: w[0] for v, w in self._where.items()}, role_of, files_of_role,
+                                        start, end, n, self.step_ns)
+        if problem and not self.allow_missing_times:
+            raise DataError(f"period {tuple(period)}: {problem}; set data.allow_missing_times=true to "
+                            f"train on the rest")
+        if problem:
+            log.warning("period %s: %s (data.allow_missing_times=true: left out)", tuple(period), problem)
         valid = all_times[0]
         for t in all_times[1:]:
             valid = np.intersect1d(valid, t, assume_unique=True)
         valid = valid[(valid >= start) & (valid <= end)]
-        n = self.history_len + self.forecast_len
         ok = np.ones(len(valid), bool)
         for k in range(1, n):
             ok &= np.isin(valid + k * self.step_ns, valid, assume_unique=True)
@@ -277,6 +298,9 @@ class ERA5Dataset(torch.utils.data.Dataset):
                 arr = arr[:, [uniq.index(i) for i in li]]
             else:
                 arr = da.isel(sel).transpose(TIME_NAME, info.lat_name, info.lon_name).values
+            problem = nonfinite_problem(arr, var, info, times[fidx[pos] == k], self.levels if upper else None)
+            if problem:
+                raise NonFiniteData(problem)
             out.append(arr)
         return np.concatenate(out).astype(np.float32, copy=False)
 
@@ -293,7 +317,12 @@ class ERA5Dataset(torch.utils.data.Dataset):
                 da = self._handle(info.path)[var]
                 if TIME_NAME in da.dims:
                     da = da.isel({TIME_NAME: 0})
-                arrays.append(da.transpose(info.lat_name, info.lon_name).values.astype(np.float32))
+                values = da.transpose(info.lat_name, info.lon_name).values.astype(np.float32)
+                problem = nonfinite_problem(values[None], var, info, None, None)
+                if problem:  # not NonFiniteData: no sample could be kept
+                    raise DataError(f"{problem.split(';')[0]}; a static field enters every sample, "
+                                    f"so data.nonfinite=skip_sample cannot help")
+                arrays.append(values)
             h, w = self.grid_shape
             stacked = np.stack(arrays) if arrays else np.zeros((0, h, w), np.float32)
             self._static_cache = self._norm(stacked, self._static_stats)
@@ -307,6 +336,18 @@ class ERA5Dataset(torch.utils.data.Dataset):
         if not -n_samples <= index < n_samples:
             raise IndexError(f"sample index {index} out of range for {n_samples} samples")
         index = int(index) % n_samples
+        if self.nonfinite == "error":
+            return {**self._sample(index), "skipped": torch.tensor(0)}
+        for skipped in range(n_samples):
+            try:
+                sample = self._sample((index + skipped) % n_samples)
+            except NonFiniteData as error:
+                log.warning("skipping sample %d: %s", (index + skipped) % n_samples, str(error).split(";")[0])
+                continue
+            return {**sample, "skipped": torch.tensor(skipped)}
+        raise DataError("every sample of the period reads non-finite values (data.nonfinite=skip_sample)")
+
+    def _sample(self, index: int) -> dict[str, torch.Tensor]:
         spec, h, f = self.variables, self.history_len, self.forecast_len
         times = self._starts[index] + self.step_ns * np.arange(h + f)
         prog = [self._read(v, times, True).reshape(h + f, -1, *self.grid_shape) for v in spec.upper_air]

@@ -60,6 +60,8 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
         forecast_len=data.forecast_len,
         normalize=data.normalize,
         level_dim=data.level_dim,
+        nonfinite=data.nonfinite,
+        allow_missing_times=data.allow_missing_times,
     )
 
 

@@ -88,6 +88,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", cfg.trainer.checkpoint.keep_latest_k
         )
+        self.skipped_samples = 0  # data.nonfinite=skip_sample, in this process's batches
+        self._step_batches: list[dict[str, torch.Tensor]] = []
 
     # ----------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -225,6 +227,19 @@ class Trainer:
         self._apply_config_hyperparameters()
         self._choose_foreach()
 
+    def _report_skipped(self) -> None:
+        """data.nonfinite=skip_sample: how many training samples this job passed over."""
+        if self.cfg.data.nonfinite != "skip_sample":
+            return
+        total = torch.tensor(self.skipped_samples, dtype=torch.int64)
+        if self.runtime.mesh is not None:  # dp replicas read different samples; tp peers the same
+            dp = self.runtime.mesh["dp"]
+            total = total.to(self.runtime.device)
+            dist.all_reduce(total, group=dp.get_group())
+        if self.runtime.is_main:
+            log.warning("data.nonfinite=skip_sample: %d training samples with non-finite values were "
+                        "skipped in this job (each replaced by the next finite one)", int(total))
+
     def _apply_config_hyperparameters(self) -> None:
         """The config wins on resume: optimizer hyperparameters and the schedule come from
         `trainer.*`, not from the checkpoint (users extend and fine-tune runs this way); the
@@ -267,9 +282,12 @@ class Trainer:
             self.sdc.begin_step(self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         advance_spectral_norm(self.model)  # u, v advance in this step's first training forward
-        losses = []
+        losses, self._step_batches = [], []
         for micro in range(trainer.grad_accum_steps):
-            batch = {k: v.to(rt.device) for k, v in next(batches).items()}
+            host_batch = next(batches)
+            self.skipped_samples += int(host_batch["skipped"].sum())  # data.nonfinite=skip_sample
+            batch = {k: v.to(rt.device) for k, v in host_batch.items()}
+            self._step_batches.append(batch)
             self._advance_position()
             local_batch = batch["state"].shape[0]
             # Indexed dropout (deterministic mode) keys its masks on the global sample index;
@@ -308,7 +326,11 @@ class Trainer:
                               time.perf_counter() - started, report)
         cause = (f"; this step's checks found corrupted data in {', '.join(report.corrupted_layers)} "
                  f"({self.run_dir / 'sdc.jsonl'})" if report.mismatches else "")
-        raise FloatingPointError(f"loss became {loss_value} at step {self.step + 1}; lower "
+        finite = all(bool(torch.isfinite(batch[key]).all()) for batch in self._step_batches
+                     for key in ("state", "forcing", "static", "target"))
+        inputs = ("the step's inputs and targets were all finite" if finite else
+                  "the step's inputs or targets held non-finite values (check the data files)")
+        raise FloatingPointError(f"loss became {loss_value} at step {self.step + 1} ({inputs}); lower "
                                  f"trainer.optimizer.lr or enable trainer.grad_clip{cause}")
 
     def _backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -420,6 +442,7 @@ class Trainer:
             if self._due(trainer.checkpoint.every_n_steps, last):
                 self.save()
         progress.close()
+        self._report_skipped()
         if metrics is not None:
             plot_loss(metrics.path, self.run_dir / "loss.png")
         return results or self.validate()  # resumed at max_steps: still report skill

@@ -149,3 +149,46 @@ def test_an_unexpected_error_is_one_line_unless_debug_asks(monkeypatch, capsys, 
     with pytest.raises(RuntimeError, match="the disk went away"):
         credit_main(["train", "--debug", f"run_dir={tmp_path}"])
     monkeypatch.delenv("CREDIT_DEBUG")  # --debug set it for launched ranks
+
+
+@pytest.fixture
+def poisoned_data(tiny_data, tmp_path):
+    """The tiny dataset with NaN in T at every time from the 11th on in 2000's file."""
+    import shutil
+
+    import numpy as np
+    import xarray as xr
+
+    root = tmp_path / "data"
+    shutil.copytree(tiny_data, root)
+    with xr.open_dataset(root / "era5_2000.nc") as ds:
+        edited = ds.load()
+    edited["T"][10:] = np.nan
+    edited.to_netcdf(root / "era5_2000.nc")
+    return root
+
+
+def test_nan_in_the_data_is_named_when_read_or_skipped_and_counted(poisoned_data, tmp_path, capsys):
+    from tiny import tiny_overrides
+
+    run = tmp_path / "run"
+    overrides = tiny_overrides(poisoned_data, f"run_dir={run}", "trainer.max_steps=2")
+    assert credit_main(["train", *overrides]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"non-finite values (NaN first) in 'T' of {poisoned_data / 'era5_2000.nc'} at time 2000-01-0" in line
+    assert "level 500" in line and "data.nonfinite=skip_sample" in line
+    assert not (run / "checkpoints").exists()
+
+    assert credit_main(["train", *overrides, "data.nonfinite=skip_sample", f"run_dir={tmp_path / 'skip'}"]) == 0
+    out = capsys.readouterr().out
+    skipped = int(out.split("data.nonfinite=skip_sample: ")[1].split()[0])
+    assert skipped > 0 and "training samples with non-finite values were skipped" in out
+
+
+def test_a_diverging_loss_says_the_inputs_were_finite(tiny_overrides, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = credit_main(["train", *tiny_overrides(run, "trainer.max_steps=6", "trainer.optimizer.lr=1e30",
+                                                 "trainer.scheduler.warmup_steps=1", "trainer.grad_clip=0")])
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2
+    assert "loss became" in line and "(the step's inputs and targets were all finite)" in line
