@@ -57,6 +57,7 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
 
 
 _EXIT_DIR = "CREDIT_RANK_EXIT_DIR"  # where launched ranks leave their exit codes
+DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
 
 
 def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
@@ -68,7 +69,7 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -
     import tempfile
 
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        sys.executable, "-m", "credit.cli", _AGENT, "--standalone",
         f"--nproc_per_node={nproc}", "-m", "credit.cli", command_name, *overrides,
     ]
     with tempfile.TemporaryDirectory() as codes:
@@ -76,7 +77,35 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -
         launcher_code = subprocess.call(command, env=env)
         ranks = [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]
     failed = [code for code in ranks if code]
+    if launcher_code and not failed:  # a rank died before it could say why (killed, crashed)
+        _fail(f"{len(ranks)} of {nproc} ranks finished; the launch failed without an error "
+              f"line from a rank (--debug shows the launcher's report)")
+        sys.exit(2)
     sys.exit(max(failed) if failed else launcher_code)
+
+
+_AGENT = "_torchrun"  # internal command: torchrun's agent without its own failure report
+
+
+def _torchrun(args: Sequence[str]) -> int:
+    """torchrun's launcher, quiet about failed ranks: each rank has printed its one `error:`
+    line, and `_launch` exits with the ranks' own codes, so the agent's log lines and its
+    ChildFailedError traceback would only bury that line (shown with --debug)."""
+    import logging
+    import os
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    if os.environ.get(DEBUG_ENV) == "1":
+        run(parse_args(list(args)))
+        return 0
+    logging.disable(logging.ERROR)  # this process only launches and watches the ranks
+    try:
+        run(parse_args(list(args)))
+    except ChildFailedError:
+        return 1
+    return 0
 
 
 def _record_exit(code: int) -> None:
@@ -232,9 +261,6 @@ def _probe(args: Sequence[str]) -> int:
         return _fail(str(error))
 
 
-DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; every failure ends in one `error:` line and exit status 2 (3: an SDC
     stop). An error no command expects is reported the same way, named by its type, unless
@@ -245,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--debug" in args:
         args.remove("--debug")
         os.environ[DEBUG_ENV] = "1"  # torchrun-launched ranks inherit it
+    if args and args[0] == _AGENT:
+        return _torchrun(args[1:])
     try:
         return _dispatch(args)
     except Exception as error:
@@ -288,5 +316,6 @@ def _dispatch(args: list[str]) -> int:
 
 if __name__ == "__main__":
     exit_code = main()
-    _record_exit(exit_code)
+    if sys.argv[1:2] != [_AGENT]:  # the launcher is not a rank
+        _record_exit(exit_code)
     sys.exit(exit_code)

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from credit.checkpoint.manager import CheckpointError, checkpoint_keys, load_checkpoint
+from credit.checkpoint.manager import CheckpointError, checkpoint_keys, checkpoint_problem, load_checkpoint
 
 # Keys outside `model.*` that fix the model's channel layout.
 LAYOUT_KEYS = ("data.variables", "data.levels", "data.history_len")
@@ -68,10 +68,13 @@ def model_config_differences(run: DictConfig, stored: DictConfig) -> list[str]:
 def check_resume_config(run: DictConfig, path: Path) -> None:
     """Raise CheckpointError naming every model-shaping key where `run` differs from the
     config stored in checkpoint directory `path` (nothing to compare: a legacy file, or a
-    checkpoint without a config)."""
+    checkpoint without a config), or what is wrong with a damaged directory."""
     path = Path(path)
     if not path.is_dir():
         return
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is not a complete DCP checkpoint directory: {problem}")
     stored = stored_config(path)
     if stored is None:
         return

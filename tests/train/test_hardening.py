@@ -134,6 +134,15 @@ def test_resume_auto_names_a_damaged_checkpoint_and_uses_the_last_good_one(train
             f"data file {data.name} is truncated (100 of ") in out
     assert f"resumed from {run / 'checkpoints' / 'step_00000001'} at step 1" in out
     assert _snapshot(run / "checkpoints" / "step_00000001") == good
+    # named explicitly, a damaged checkpoint is one line saying what is wrong
+    damaged = source / "checkpoints" / "step_00000002"
+    shutil.copytree(damaged, tmp_path / "half")
+    (tmp_path / "half" / ".metadata").unlink()
+    assert credit_main(["train", *overrides, f"run_dir={tmp_path / 'other'}",
+                        f"trainer.resume={tmp_path / 'half'}", "trainer.max_steps=3"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line == (f"error: checkpoint {tmp_path / 'half'} is not a complete DCP checkpoint directory: "
+                    f"no .metadata (the save or a copy of it did not finish)")
 
 
 def test_an_unexpected_error_is_one_line_unless_debug_asks(monkeypatch, capsys, tmp_path):
@@ -146,9 +155,12 @@ def test_an_unexpected_error_is_one_line_unless_debug_asks(monkeypatch, capsys, 
     line = _one_error_line(capsys.readouterr().err)
     assert line == ("error: RuntimeError: the disk went away (--debug or CREDIT_DEBUG=1 shows the "
                     "traceback)")
-    with pytest.raises(RuntimeError, match="the disk went away"):
-        credit_main(["train", "--debug", f"run_dir={tmp_path}"])
-    monkeypatch.delenv("CREDIT_DEBUG")  # --debug set it for launched ranks
+    try:
+        with pytest.raises(RuntimeError, match="the disk went away"):
+            credit_main(["train", "--debug", f"run_dir={tmp_path}"])
+        assert os.environ["CREDIT_DEBUG"] == "1"  # --debug sets it for launched ranks
+    finally:
+        os.environ.pop("CREDIT_DEBUG", None)
 
 
 @pytest.fixture
@@ -192,3 +204,16 @@ def test_a_diverging_loss_says_the_inputs_were_finite(tiny_overrides, tmp_path, 
     line = _one_error_line(capsys.readouterr().err)
     assert code == 2
     assert "loss became" in line and "(the step's inputs and targets were all finite)" in line
+
+
+def test_a_refused_multi_rank_job_prints_one_line_and_no_launcher_report(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    lock = acquire(run)
+    try:
+        result = _cli("train", "--nproc", "2", "parallelism=ddp", *tiny_overrides(run, "trainer.max_steps=2"))
+    finally:
+        os.close(lock)
+    assert result.returncode == 2
+    assert f"run_dir {run} is in use by pid {os.getpid()}" in _one_error_line(result.stderr)
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
+    assert _snapshot(run) == {}
