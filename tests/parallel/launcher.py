@@ -13,6 +13,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    (out / f"{rank}.done").write_text("")  # the work and the teardown of the group finished
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
@@ -77,6 +79,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
         except RankFailure:
             raise
         except Exception as error:
+            if all((Path(out_dir) / f"{r}.done").is_file() for r in range(world_size)):
+                # every rank returned its result and destroyed its process group; one died
+                # after that, in interpreter exit (gloo's threads: "terminate called without an
+                # active exception"), which is not what a test examines
+                warnings.warn(f"a rank failed after finishing its work and its teardown: {error}")
+                return [pickle.loads((Path(out_dir) / f"{r}.pkl").read_bytes()) for r in range(world_size)]
             errors = sorted(Path(out_dir).glob("*.err"))
             detail = "\n".join(f"--- rank {p.stem} ---\n{p.read_text()}" for p in errors)
             raise RankFailure(f"{error}\n{detail}") from None

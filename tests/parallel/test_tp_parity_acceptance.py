@@ -70,7 +70,8 @@ def test_tp2_resume_continues_the_same_losses(parity_runs):
 def test_only_rank_zero_writes_one_run_directory(parity_runs):
     for run in ("tp2", "tp2_resumed", "serial"):
         names = sorted(p.name for p in (parity_runs["root"] / run).iterdir())
-        assert names == ["checkpoints", "config.yaml", "loss.png", "metrics.csv"], names
+        # .credit.lock: rank 0's run-directory lock (credit/train/run_lock.py)
+        assert names == [".credit.lock", "checkpoints", "config.yaml", "loss.png", "metrics.csv"], names
     assert not (parity_runs["root"] / "outputs").exists()  # no hydra timestamp directories
 
 
