@@ -35,7 +35,13 @@ def _bins(t: torch.Tensor) -> torch.Tensor:
     """(3, 256) int64: per float32 exponent field, the sums of hi**2, hi*lo and lo**2 over
     the elements' 24-bit significands m = hi * 2**12 + lo."""
     flat = t.detach().reshape(-1).to(torch.float32)
-    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64)
+    # bins are integer sums below 2**53, so any order of addition (a GPU's atomics included)
+    # gives the same result; only torch's deterministic-algorithms switch refuses a CUDA
+    # bincount with weights, and then the counting runs on the host
+    on = flat.device
+    if on.type != "cpu" and torch.are_deterministic_algorithms_enabled():
+        on = torch.device("cpu")
+    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64, device=on)
     for part in flat.split(_CHUNK):
         bits = part.contiguous().view(torch.int32)
         field = torch.bitwise_and(torch.bitwise_right_shift(bits, _int32(23)), _int32(0xFF))
@@ -43,9 +49,9 @@ def _bins(t: torch.Tensor) -> torch.Tensor:
         significand = torch.where(field > 0, torch.bitwise_or(significand, _int32(0x800000)), significand)
         hi = torch.bitwise_right_shift(significand, _int32(12))
         lo = torch.bitwise_and(significand, _int32(0xFFF))
-        index = field.to(torch.int64).cpu()
+        index = field.to(torch.int64).to(on)
         for row, product in enumerate((hi * hi, hi * lo, lo * lo)):  # each < 2**24: exact int32
-            sums = torch.bincount(index, weights=product.to(torch.float64).cpu(), minlength=_BINS)
+            sums = torch.bincount(index, weights=product.to(torch.float64).to(on), minlength=_BINS)
             total[row] += sums.to(torch.int64)  # each sum < 2**42: an exact float64 integer
     return total
 
@@ -72,8 +78,8 @@ def exact_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
         if key is not None:  # sum over the mesh dims that shard, once over replicated ones
             mesh, sharded = key
             placements = [Partial() if s else Replicate() for s in sharded]
-            bins = DTensor.from_local(bins.to(mesh.device_type), mesh, placements).full_tensor().cpu()
-        total += bins
+            bins = DTensor.from_local(bins.to(mesh.device_type), mesh, placements).full_tensor()
+        total += bins.cpu()
     # sum of m**2 * 2**(2 * (max(field, 1) - 150)), exact as a Python integer scaled by 2**298
     if total[:, _BINS - 1].any():  # inf or nan in a gradient
         return torch.tensor(math.inf, dtype=torch.float64)

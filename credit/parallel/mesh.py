@@ -76,16 +76,28 @@ def _adopt_mpi_environment() -> None:
         )
 
 
+def process_group_backend(device: torch.device) -> str:
+    """The process-group backend for a run on `device`.
+
+    On CUDA every group is device-aware ("cpu:gloo,cuda:nccl"): CUDA tensors go through
+    NCCL, host tensors (object collectives, barriers, small host-side counters) through
+    gloo. A bare "nccl" group rejects a CPU tensor on the first collective that gets one.
+    Mesh sub-groups inherit the pair from the default group.
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def init_distributed(device: torch.device) -> tuple[int, int]:
-    """Join the launcher's process group (nccl on CUDA, gloo on CPU); return (rank, world)."""
+    """Join the launcher's process group (`process_group_backend`); return (rank, world)."""
     if launched_world_size() == 1:
         return 0, 1
     _adopt_mpi_environment()
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend=backend)
+        # no device_id: an eagerly bound NCCL communicator makes DeviceMesh split its
+        # sub-groups NCCL-only, and they would lose the gloo half
+        dist.init_process_group(backend=process_group_backend(device))
     return dist.get_rank(), dist.get_world_size()
 
 

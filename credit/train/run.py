@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from credit.logs import configure_logging
@@ -37,7 +38,8 @@ def run_training(cfg: DictConfig) -> dict[str, float]:
     configure_logging(rank=runtime.rank)
     if runtime.layout is not None:
         lay = runtime.layout
-        log.info("mesh: world %d = dp %d x tp %d, data parallel: %s", lay.world_size, lay.dp, lay.tp, lay.data)
+        log.info("mesh: world %d = dp %d x tp %d, data parallel: %s, process groups: %s",
+                 lay.world_size, lay.dp, lay.tp, lay.data, dist.get_backend())
     try:
         with run_dir_lock(cfg.run_dir, runtime.is_main):  # one job per run_dir, before any write
             trainer = Trainer(cfg, runtime)

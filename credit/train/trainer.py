@@ -231,11 +231,9 @@ class Trainer:
         """data.nonfinite=skip_sample: how many training samples this job passed over."""
         if self.cfg.data.nonfinite != "skip_sample":
             return
-        total = torch.tensor(self.skipped_samples, dtype=torch.int64)
+        total = torch.tensor(self.skipped_samples, dtype=torch.int64, device=self.runtime.device)
         if self.runtime.mesh is not None:  # dp replicas read different samples; tp peers the same
-            dp = self.runtime.mesh["dp"]
-            total = total.to(self.runtime.device)
-            dist.all_reduce(total, group=dp.get_group())
+            dist.all_reduce(total, group=self.runtime.mesh["dp"].get_group())
         if self.runtime.is_main:
             log.warning("data.nonfinite=skip_sample: %d training samples with non-finite values were "
                         "skipped in this job (each replaced by the next finite one)", int(total))
@@ -362,7 +360,7 @@ class Trainer:
             value += float(loss) / len(losses)
         if mesh is None or mesh["dp"].size() == 1:
             return value
-        total = torch.tensor([value], dtype=torch.float64)
+        total = torch.tensor([value], dtype=torch.float64, device=self.runtime.device)
         dist.all_reduce(total, group=dp_group)
         return float(total) / mesh["dp"].size()
 

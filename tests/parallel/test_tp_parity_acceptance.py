@@ -58,6 +58,8 @@ def test_tp1_and_tp2_losses_match_within_the_readme_tolerance(parity_runs):
     assert result.returncode == 0, result.stdout
     assert result.stdout.startswith("PASS: 10 steps match")
     assert "dp 2 x tp 2" in parity_runs["tp2"].stdout
+    # CPU: gloo; a CUDA run joins "cpu:gloo,cuda:nccl" (tests/parallel/test_collective_devices.py)
+    assert "process groups: gloo" in parity_runs["tp2"].stdout
     assert _check(root / "serial", root / "tp2", "--exact").returncode == 1  # not trivially equal
 
 
