@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from credit.kernels.gemm import LEAF, det_linear, det_mm
+from credit.kernels.gemm._tree import tree_sum
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 U32 = 2.0**-24  # unit roundoff of fp32
@@ -137,6 +138,18 @@ def check_k_split(backend: str, device: str, dtype: torch.dtype, m: int, k: int,
     while len(pieces) > 1:
         pieces = [pieces[i] + pieces[i + 1] for i in range(0, len(pieces), 2)]
     same(pieces[0], full, f"K={k} split into {parts}")
+
+
+def check_tree_order(backend: str, device: str, dtype: torch.dtype, m: int, k: int, n: int) -> None:
+    """The fp32 result is the tree T(n) over the kernel's own one-leaf results: each
+    32-wide slice of K computed alone, then added as `tree_sum` does (any leaf count,
+    the last leaf short)."""
+    a = rand(m, k, dtype=dtype, device=device, seed=21)
+    b = rand(k, n, dtype=dtype, device=device, seed=22)
+    full = det_mm(a, b, backend=backend, out_dtype=torch.float32)
+    leaves = [det_mm(a[:, i : i + LEAF], b[i : i + LEAF], backend=backend, out_dtype=torch.float32)
+              for i in range(0, k, LEAF)]
+    same(tree_sum(leaves), full, f"K={k} as the tree over {len(leaves)} leaves")
 
 
 def check_grad_row_invariance(backend: str, device: str, dtype: torch.dtype, m: int, k: int,

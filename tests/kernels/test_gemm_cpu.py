@@ -38,6 +38,12 @@ def test_k_split_property(dtype, k, parts):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("k", [13 * 32 - 5, 300 * 32])  # a short last leaf; the long-K passes
+def test_tree_order(dtype, k):
+    C.check_tree_order(BACKEND, DEVICE, dtype, m=21, k=k, n=70)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_grad_row_invariance(dtype):
     C.check_grad_row_invariance(BACKEND, DEVICE, dtype, m=70, k=96, n=80)
 

@@ -58,6 +58,9 @@ GPU_CHECKS = {
     "grad_rows": lambda be, dt: C.check_grad_row_invariance(be, "cuda", dt, 70, 96, 80),
     "weight_grad": lambda be, dt: C.check_weight_grad_order(be, "cuda", dt, 48, 40),
     "run_to_run": lambda be, dt: C.check_run_to_run(be, "cuda", dt, 333, 96, 80),
+    "tree_order": lambda be, dt: C.check_tree_order(be, "cuda", dt, 70, 23 * 32 - 7, 90),
+    # 300 leaves: taller than the Triton kernel's register levels (split on the host)
+    "tree_order_tall": lambda be, dt: C.check_tree_order(be, "cuda", dt, 70, 300 * 32, 90),
 }
 
 
@@ -70,10 +73,10 @@ def test_gpu_contract(backend, check, dtype):
 
 
 @needs_gpu
-def test_auto_prefers_cuda():
+def test_auto_picks_the_tensor_core_kernel():
     from credit.kernels.gemm._registry import resolve
 
-    assert resolve("auto", "cuda") == "cuda"
+    assert resolve("auto", "cuda") == "triton"
 
 
 @needs_gpu
@@ -93,29 +96,64 @@ def test_device_mismatch_cpu_and_cuda():
 
 
 TRITON_SIGNATURE = {
-    "merges_ptr": "*i32", "scratch_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-    "n_leaves": "i32", "n_tiles": "i32", "tiles_n": "i32", "depth": "i32", "s_am": "i32",
-    "s_ak": "i32", "s_bk": "i32", "s_bn": "i32", "s_cm": "i32", "s_cn": "i32",
-    "BM": "constexpr", "BN": "constexpr", "LEAF": "constexpr", "INTERPRET": "constexpr",
+    "M": "i32", "N": "i32", "s_am": "i32", "s_ak": "constexpr", "s_bk": "i32",
+    "s_bn": "constexpr", "s_cm": "i32", "s_cn": "constexpr", "K": "constexpr",
+    "N_LEAVES": "constexpr", "DEPTH": "constexpr", "BM": "constexpr", "BN": "constexpr",
+    "LEAF": "constexpr", "GROUP": "constexpr", "STAGES": "constexpr", "INTERPRET": "constexpr",
 }
+# what a launch on contiguous, 16-aligned operands specializes: unit strides, aligned rest
+ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "s_am", "s_bk", "s_cm")
+
+
+def _ptxas_report(ptx: str, cc: int, tmp_path) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = tmp_path / f"kernel_sm{cc}.ptx"
+    path.write_text(ptx)
+    arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+    proc = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", str(path), "-o",
+                           str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stderr
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_triton_kernel_compiles_for_sm80_and_sm90(dtype):
-    """Ahead-of-time compile of the GPU (non-interpreted) kernel to cubin."""
+def test_triton_kernel_compiles_for_sm80_and_sm90(dtype, tmp_path):
+    """Ahead-of-time compile of the GPU (non-interpreted) kernel, as a launch on aligned
+    operands specializes it: tensor-core leaves for bf16/fp16, a software-pipelined K loop
+    (cp.async), and the tallest tree one launch takes (`max_depth`) held in registers with
+    no spills; a short K with a padded last leaf compiles too."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from credit.kernels.gemm import _triton_kernel as tk
+    from credit.kernels.gemm._triton import tree_depth
 
     if type(tk.det_mm_kernel).__name__ == "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET=1 is set in this process")
+    torch_name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    bm, bn, warps, stages = tk.TILES[torch_name]
+    fn = tk.det_mm_kernel
     sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", **TRITON_SIGNATURE}
-    consts = {"BM": tk.BLOCK_M, "BN": tk.BLOCK_N, "LEAF": 32, "INTERPRET": False}
-    src = ASTSource(fn=tk.det_mm_kernel, signature=sig, constexprs=consts)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED}
     for cc in (80, 90):
-        kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                                options={"num_warps": tk.NUM_WARPS, "enable_fp_fusion": False})
-        assert kernel.asm.get("cubin"), f"no cubin for sm_{cc}"
-        assert f".target sm_{cc}" in kernel.asm["ptx"]
+        tallest = 32 << tk.max_depth(torch_name, cc // 10)
+        for k in (tallest, 100):
+            n = -(-k // 32)
+            consts = {"s_ak": 1, "s_bn": 1, "s_cn": 1, "K": k, "N_LEAVES": n,
+                      "DEPTH": tree_depth(n), "BM": bm, "BN": bn, "LEAF": 32, "GROUP": tk.GROUP_M,
+                      "STAGES": stages, "INTERPRET": False}
+            kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                                    target=GPUTarget("cuda", cc, 32),
+                                    options={"num_warps": warps, "num_stages": stages,
+                                             "enable_fp_fusion": False})
+            ptx = kernel.asm["ptx"]
+            assert kernel.asm.get("cubin"), f"no cubin for sm_{cc}"
+            assert f".target sm_{cc}" in ptx
+            assert "cp.async" in ptx, f"sm_{cc} K={k}: the K loop is not pipelined"
+            if dtype != "fp32":
+                instruction = "wgmma.mma_async" if cc >= 90 else "mma.sync"
+                assert instruction in ptx, f"sm_{cc}: no {instruction} in the {dtype} kernel"
+            report = _ptxas_report(ptx, cc, tmp_path)
+            assert "0 bytes spill stores" in report, f"sm_{cc} K={k}: {report}"

@@ -33,6 +33,23 @@ def registry() -> None:
     torch.testing.assert_close(det_mm(a, b, backend="triton"), det_mm(a, b, backend="cpu"))
 
 
+def tall_tree() -> None:
+    """A tree taller than the kernel's register levels is split at its top on the host:
+    with one level allowed, K = 11 leaves gives the same bits as one launch."""
+    from credit.kernels.gemm import _triton_kernel as tk
+
+    a = C.rand(40, 11 * 32 - 5, dtype=BF16, device=D, seed=92)
+    b = C.rand(11 * 32 - 5, 24, dtype=BF16, device=D, seed=93)
+    whole = det_mm(a, b, backend=B, out_dtype=F32)
+    saved, tk.max_depth = tk.max_depth, lambda dtype, major: 1
+    try:
+        split = det_mm(a, b, backend=B, out_dtype=F32)
+    finally:
+        tk.max_depth = saved
+    C.same(split, whole, "host-split tree")
+    C.check_tree_order(B, D, BF16, 40, 11 * 32 - 5, 24)
+
+
 CHECKS = {
     "registry": registry,
     "accuracy_f32": lambda: C.check_accuracy(B, D, F32, 333, 96, 80),
@@ -51,6 +68,8 @@ CHECKS = {
     "grad_row_invariance_f32": lambda: C.check_grad_row_invariance(B, D, F32, 70, 64, 40),
     "weight_grad_order_f32": lambda: C.check_weight_grad_order(B, D, F32, 48, 40),
     "run_to_run_bf16": lambda: C.check_run_to_run(B, D, BF16, 70, 64, 40),
+    "tree_order_f32": lambda: C.check_tree_order(B, D, F32, 33, 13 * 32, 70),
+    "tall_tree_bf16": tall_tree,
 }
 
 

@@ -1,7 +1,9 @@
 """Backend registry: names, availability per device, and strict selection.
 
-``auto`` picks ``cuda`` then ``triton`` for CUDA tensors and ``cpu`` for CPU
-tensors.  It never picks ``reference`` (plain ``torch.matmul``, which is not
+``auto`` picks ``triton`` (tensor-core leaves) for CUDA tensors, ``cuda`` only where
+triton cannot run, and ``cpu`` for CPU tensors. The ``cuda`` kernel keeps the contract with
+plain IEEE FMA chains and no tensor cores: it is the slow one, kept for its bits (equal to
+the cpu backend's, to check a GPU result on a CPU), never the first choice.  It never picks ``reference`` (plain ``torch.matmul``, which is not
 batch-invariant) and nothing ever falls back silently: an unknown name or a
 backend that cannot run on the tensors' device raises an error that lists what
 is available there.
@@ -16,7 +18,7 @@ import torch
 BACKENDS: tuple[str, ...] = ("cpu", "triton", "cuda", "reference")
 """Every backend name; ``"auto"`` is accepted in addition."""
 
-_AUTO_ORDER = {"cuda": ("cuda", "triton"), "cpu": ("cpu",)}
+_AUTO_ORDER = {"cuda": ("triton", "cuda"), "cpu": ("cpu",)}
 
 MMFn = Callable[[torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
 

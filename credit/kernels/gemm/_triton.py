@@ -12,9 +12,7 @@ import os
 
 import torch
 
-from ._tree import LEAF, merge_schedule, num_leaves, schedule_tensor
-
-_PROGRAMS_PER_SM = 4
+from ._tree import LEAF, num_leaves
 
 
 def _interpret_env() -> bool:
@@ -53,32 +51,52 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
     """``a @ b`` with the Triton kernel; inputs already validated."""
     from . import _triton_kernel as tk
 
+    interpreted = _kernel_is_interpreted()
+    # The interpreter truncates fp32 -> bfloat16 instead of rounding to nearest-even (the
+    # GPU's cvt.rn); there the kernel writes fp32 and torch performs the single rounding.
+    kernel_out = torch.float32 if interpreted else out_dtype
+    major = torch.cuda.get_device_capability(a.device)[0] if a.device.type == "cuda" else 9
+    limit = tk.max_depth(_dtype_name(a.dtype), major)
+    return _tree_mm(a, b, kernel_out, tk, limit).to(out_dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tree_depth(n: int) -> int:
+    """Height of ``T(n)``: levels of partial tiles a kernel holds for ``n`` leaves."""
+    return (n - 1).bit_length()
+
+
+def _tree_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk, limit: int
+             ) -> torch.Tensor:
+    K = a.shape[1]
+    n = num_leaves(K)
+    if tree_depth(n) > limit:
+        # The top of a tall tree: T(n) = T(ceil(n/2)) + T(floor(n/2)), each half exactly
+        # the subtree over its leaves, added once in fp32 (no rounding in between).
+        split = -(-n // 2) * LEAF
+        left = _tree_mm(a[:, :split], b[:split], torch.float32, tk, limit)
+        right = _tree_mm(a[:, split:], b[split:], torch.float32, tk, limit)
+        return (left + right).to(out_dtype)
+    return _launch(a, b, out_dtype, tk)
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk) -> torch.Tensor:
     M, K = a.shape
     N = b.shape[1]
-    interpreted = _kernel_is_interpreted()
-    # The interpreter truncates fp32 -> bfloat16 instead of rounding to
-    # nearest-even (the GPU's cvt.rn); there the kernel writes fp32 and torch
-    # performs the single final rounding.
-    kernel_out = torch.float32 if interpreted else out_dtype
-    out = torch.empty((M, N), dtype=kernel_out, device=a.device)
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
     n = num_leaves(K)
-    depth = merge_schedule(n)[1]
-    tiles_m = -(-M // tk.BLOCK_M)
-    tiles_n = -(-N // tk.BLOCK_N)
-    n_tiles = tiles_m * tiles_n
-    if a.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        n_prog = min(n_tiles, _PROGRAMS_PER_SM * sms)
-    else:
-        n_prog = min(n_tiles, 4)
-    # The grid size only changes which program computes a tile, not how.
-    scratch = torch.empty(n_prog * depth * tk.BLOCK_M * tk.BLOCK_N, dtype=torch.float32,
-                          device=a.device)
-    tk.det_mm_kernel[(n_prog,)](
-        a, b, out, schedule_tensor(n, a.device), scratch,
-        M, N, K, n, n_tiles, tiles_n, depth,
+    bm, bn, warps, stages = tk.TILES[_dtype_name(a.dtype)]
+    grid = (-(-M // bm) * -(-N // bn),)
+    tk.det_mm_kernel[grid](
+        a, b, out, M, N,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        BM=tk.BLOCK_M, BN=tk.BLOCK_N, LEAF=LEAF, INTERPRET=interpreted, num_warps=tk.NUM_WARPS,
+        K=K, N_LEAVES=n, DEPTH=tree_depth(n), BM=bm, BN=bn, LEAF=LEAF, GROUP=tk.GROUP_M,
+        STAGES=stages, INTERPRET=_kernel_is_interpreted(), num_warps=warps,
         enable_fp_fusion=False,  # no mul+add contraction outside the leaf dot
     )
-    return out.to(out_dtype)
+    return out
