@@ -8,7 +8,11 @@ the share of the deterministic step spent inside the GEMM kernels (timed around 
 kernel call), and the peak resident memory of a process training only one mode (separate
 processes: memory is not noisy, and one process cannot separate two models' peaks).
 
-    python benchmarks/determinism.py [--steps 12] [--layout single|dp2xtp2] [--out FILE]
+    python benchmarks/determinism.py [--steps 12] [--layout single|dp2xtp2] [--device cpu|cuda]
+                                     [--out FILE]
+
+On `--device cuda` the peak is the GPU's (`torch.cuda.max_memory_allocated`) and the machine
+is named by its GPU.
 
 Goal (issue): deterministic / fast <= 1.3 at one process and at dp2 x tp2.
 """
@@ -49,6 +53,14 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def _machine(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores"
+    return f"{_cpu_name()}, {os.cpu_count()} cores"
 
 
 def _timed_kernels() -> list[float]:
@@ -115,7 +127,12 @@ def peak_memory(overrides: list[str], mode: str, steps: int, out: str) -> None:
     batches = iter(trainer.loader)
     for _ in range(steps):
         trainer.train_step(batches)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if trainer.runtime.device.type == "cuda":
+        import torch
+
+        peak = torch.cuda.max_memory_allocated(trainer.runtime.device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(str(peak))
 
 
@@ -131,12 +148,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="single")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ranks, overrides = LAYOUTS[args.layout]
+    overrides = [*overrides, f"trainer.device={args.device}"]
     if args.worker == "compare":
         return compare(overrides, args.steps, args.result)
     if args.worker == "memory":
@@ -144,32 +163,34 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         result = f"{tmp}/compare.json"
-        _launch(ranks, "--layout", args.layout, "--steps", str(args.steps), "--worker", "compare",
-                "--result", result)
+        _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", str(args.steps),
+                "--worker", "compare", "--result", result)
         data = json.loads(Path(result).read_text())
         peaks = {}
         for mode in ("deterministic", "fast"):
-            _launch(ranks, "--layout", args.layout, "--steps", "3", "--worker", "memory", "--mode", mode,
-                    "--result", f"{tmp}/{mode}")
+            _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", "3",
+                    "--worker", "memory", "--mode", mode, "--result", f"{tmp}/{mode}")
             peaks[mode] = max(int(p.read_text()) for p in Path(tmp).glob(f"{mode}.*"))
     det, fast = (statistics.median(data["times"][m]) for m in ("deterministic", "fast"))
     ratios = [d / f for d, f in zip(data["times"]["deterministic"], data["times"]["fast"])]
     lines = [
         f"# Deterministic vs fast train step: default experiment, layout {args.layout}",
         "",
-        f"Machine: {_cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, {ranks} rank(s); "
+        f"Machine: {_machine(args.device)}, OMP_NUM_THREADS=1 per rank, {ranks} rank(s); "
         f"{args.steps} interleaved steps per mode after 2 warm-up steps.",
         "",
         "| measure | deterministic | fast | ratio |",
         "| --- | --- | --- | --- |",
         f"| median step (s) | {det:.3f} | {fast:.3f} | {det / fast:.2f}x |",
+        f"| steps/s | {1 / det:.2f} | {1 / fast:.2f} | |",
         f"| per-pair ratio, min / median / max | | | {min(ratios):.2f} / {statistics.median(ratios):.2f} / "
         f"{max(ratios):.2f} |",
-        f"| peak RSS per rank (MiB) | {peaks['deterministic'] / 2**20:.0f} | {peaks['fast'] / 2**20:.0f} | "
+        f"| peak {'GPU memory' if args.device == 'cuda' else 'RSS'} per rank (MiB) | {peaks['deterministic'] / 2**20:.0f} | {peaks['fast'] / 2**20:.0f} | "
         f"{peaks['deterministic'] / peaks['fast']:.2f}x |",
         f"| share of the deterministic step in GEMM kernels | {statistics.median(data['gemm_share']):.0%} | | |",
         "",
-        f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --steps {args.steps}`",
+        f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --device {args.device} "
+        f"--steps {args.steps}`",
     ]
     report(lines, args.out)
 
