@@ -1,4 +1,4 @@
-"""Scan netCDF files once and describe what they hold: variables, dims, times, levels, grid.
+"""Scan netCDF files and zarr stores once and describe what they hold: variables, dims, times, levels, grid.
 
 :class:`DataError` is the one exception type of the data layer; every message names the file(s)
 and the variable or coordinate at fault, and what would have been accepted.
@@ -44,12 +44,28 @@ def _first_present(names: tuple[str, ...], ds: xr.Dataset) -> str | None:
     return next((n for n in names if n in ds.dims or n in ds.coords), None)
 
 
+ZARR_MARKERS = ("zarr.json", ".zgroup", ".zmetadata")  # zarr v3 / v2 / consolidated v2
+
+
+def is_zarr_store(path: Path) -> bool:
+    """A directory that is a zarr store (named *.zarr, or holding zarr group metadata)."""
+    return path.is_dir() and (path.suffix == ".zarr" or any((path / m).exists() for m in ZARR_MARKERS))
+
+
+def open_store(path: Path, cache: bool = True) -> xr.Dataset:
+    """Open a netCDF file or a zarr store lazily (no dask: reads happen on indexing)."""
+    if is_zarr_store(path):
+        return xr.open_dataset(path, engine="zarr", chunks=None, cache=cache)
+    return xr.open_dataset(path, engine="netcdf4", cache=cache)
+
+
 def scan_file(path: Path, level_dim: str) -> FileInfo:
     """Read the coordinates and variable dims of ``path`` (closed again before returning)."""
     try:
-        ds = xr.open_dataset(path, engine="netcdf4")
-    except Exception as err:  # unreadable / not netCDF: say which file
-        raise DataError(f"cannot open {path} as netCDF: {err}") from err
+        ds = open_store(path)
+    except Exception as err:  # unreadable / not netCDF or zarr: say which file
+        kind = "a zarr store" if path.is_dir() else "netCDF"
+        raise DataError(f"cannot open {path} as {kind}: {err}") from err
     with ds:
         info = FileInfo(path=path, dims={k: tuple(map(str, v.dims)) for k, v in ds.data_vars.items()})
         info.lat_name, info.lon_name = _first_present(LAT_NAMES, ds), _first_present(LON_NAMES, ds)
@@ -68,11 +84,19 @@ def scan_file(path: Path, level_dim: str) -> FileInfo:
     return info
 
 
+def _inside_store(root: Path, path: Path) -> bool:
+    return any(is_zarr_store(root / parent) for parent in path.relative_to(root).parents
+               if parent != Path("."))
+
+
 def resolve_glob(root: Path, role: str, pattern: str) -> list[Path]:
-    """Files under ``root`` matching ``pattern`` (sorted); DataError when there are none."""
+    """netCDF files and zarr stores under ``root`` matching ``pattern`` (sorted); DataError when
+    there are none."""
     if not isinstance(pattern, str) or not pattern:
         raise DataError(f"files[{role!r}] must be a non-empty glob relative to root {root}, got {pattern!r}")
-    paths = sorted(p for p in root.glob(pattern) if p.is_file())
+    # netCDF files and zarr stores (directories); never the files inside a store
+    paths = sorted(p for p in root.glob(pattern)
+                   if (p.is_file() or is_zarr_store(p)) and not _inside_store(root, p))
     if not paths:
         raise DataError(f"files[{role!r}] = {pattern!r} matches no file under root {root}")
     return paths

@@ -1,4 +1,4 @@
-"""Map-style PyTorch dataset over ERA5-layout netCDF files (yearly files, several roles).
+"""Map-style PyTorch dataset over ERA5-layout netCDF files and zarr stores (yearly, several roles).
 
 A sample is ``history_len + forecast_len`` consecutive times (the files' uniform time step).
 Inputs are the prognostic state over the history, dynamic forcing over all sample times and the
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, parse_period, resolve_glob,
-                      scan_file)
+from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, open_store, parse_period,
+                      resolve_glob, scan_file)
 from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem, nonfinite_problem
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
         spec = self.variables
         stats = {}
         for role in ("mean", "std"):
-            opened = [xr.open_dataset(p, engine="netcdf4") for p in self._role_paths[role]]
+            opened = [open_store(p) for p in self._role_paths[role]]
             try:
                 for var in spec.upper_air + spec.surface + spec.forcing + spec.static + spec.diagnostic:
                     hit = next((ds for ds in opened if var in ds.data_vars), None)
@@ -263,7 +263,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
             self._handles, self._handles_pid = {}, os.getpid()  # inherited handles belong to the parent
         ds = self._handles.get(path)
         if ds is None:
-            ds = self._handles[path] = xr.open_dataset(path, engine="netcdf4", cache=False)
+            ds = self._handles[path] = open_store(path, cache=False)
             self.open_count += 1
         return ds
 

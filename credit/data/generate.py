@@ -1,19 +1,24 @@
 """Write a synthetic dataset in ERA5 layout from the toy atmosphere in :mod:`credit.data.physics`.
 
-Files written into ``out``:
+Files written into ``out`` (``.nc``, or ``.zarr`` stores with ``file_format="zarr"``):
 
 * ``era5_{year}.nc``  upper-air ``U V T Q`` (time, level, latitude, longitude), surface ``SP t2m``
 * ``forcing_{year}.nc``  ``tsi`` (time, latitude, longitude)
 * ``static.nc``  ``Z_GDS4_SFC``, ``LSM`` (latitude, longitude)
-* ``mean.nc`` / ``std.nc``  statistics over the training years (per level for upper-air variables)
+* ``mean.nc`` / ``std.nc``  statistics over the training years (per level for upper-air variables;
+  netCDF in either format, as ``credit data stats`` writes them)
 
-CLI: ``credit data generate --out DIR [--grid 32x64] [--years 2000 2001] ...`` calls :func:`main`.
+Data variables are chunked one time step per chunk, as ERA5 archives are.
+
+CLI: ``credit data generate --out DIR [--grid 32x64] [--years 2000 2001] [--format netcdf|zarr] ...``
+calls :func:`main`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -46,6 +51,10 @@ ATTRS = {
     "Z_GDS4_SFC": dict(units="m2 s-2", long_name="Surface geopotential", standard_name="surface_geopotential"),
     "LSM": dict(units="1", long_name="Land-sea mask (1 = land)", standard_name="land_binary_mask"),
 }
+
+
+FORMATS = {"netcdf": ".nc", "zarr": ".zarr"}
+"""File formats the generator writes, and their file extensions."""
 
 
 class GenerateError(ValueError):
@@ -91,15 +100,25 @@ def _coords(lat, lon, levels=None, times=None) -> dict:
 
 
 def _write(ds: xr.Dataset, path: Path) -> None:
-    """Write atomically (temporary file, then rename) so an interrupted run leaves no half file."""
+    """Write atomically (temporary name, then rename) so an interrupted run leaves no half file;
+    a ``.zarr`` path becomes a zarr store, anything else a netCDF file."""
     ds.attrs.update(Conventions="CF-1.8", title="credit synthetic ERA5-layout dataset",
                     source="credit.data.generate toy atmosphere")
     encoding = {name: {"_FillValue": None} for name in list(ds.data_vars) + list(ds.coords)}
+    for name, var in ds.data_vars.items():
+        if "time" in var.dims:  # one time step per chunk, as ERA5 archives are
+            encoding[name]["chunksizes" if path.suffix != ".zarr" else "chunks"] = tuple(
+                1 if d == "time" else n for d, n in zip(var.dims, var.shape))
     if "time" in ds.coords:
         encoding["time"] = {"units": "hours since 1900-01-01 00:00:00", "calendar": "proleptic_gregorian",
                             "dtype": "int64", "_FillValue": None}
     tmp = path.with_name(path.name + ".tmp")
-    ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
+    if path.suffix == ".zarr":
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds.to_zarr(tmp, mode="w", encoding=encoding, zarr_format=2, consolidated=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
     os.replace(tmp, path)
 
 
@@ -130,18 +149,23 @@ class _Moments:
 def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years: Sequence[int] = (2000, 2001),
                      levels: Sequence[float] = (300, 500, 700, 850), train_years: Sequence[int] | None = None,
                      seed: int = 0, progress: bool = True, days_per_year: int | None = None,
-                     time_range: tuple[str, str] | None = None, overwrite: bool = False) -> Path:
+                     time_range: tuple[str, str] | None = None, overwrite: bool = False,
+                     file_format: str = "netcdf") -> Path:
     """Simulate the toy atmosphere and write the dataset into ``out``; return ``out`` as a Path.
 
     ``train_years`` (default: all years but the last, or the only year) selects the years the
     statistics in ``mean.nc``/``std.nc`` are computed from. ``days_per_year`` keeps only the first
     N days of each year and ``time_range`` (inclusive ISO start, end) keeps only times inside it;
-    both are for tests and smoke runs, and every year must keep at least one time. The model runs
+    both are for tests and smoke runs, and every year must keep at least one time. ``file_format``
+    ("netcdf" or "zarr") is the format of the data files; the statistics are netCDF. The model runs
     continuously through the requested times after a 30-day spin-up (re-spun-up after gaps longer
     than that), hourly inside, output every 6 h. Identical arguments give identical arrays. Raises
     :class:`GenerateError` for invalid arguments or a non-empty ``out`` without ``overwrite``.
     """
     out = Path(out)
+    if file_format not in FORMATS:
+        raise GenerateError(f"format {file_format!r} is not one of {list(FORMATS)}")
+    ext = FORMATS[file_format]
     grid, years, levels, train_years = _checked_arguments(grid, years, levels, train_years, days_per_year)
     try:
         schedule = _output_times(years, days_per_year, time_range)
@@ -154,16 +178,16 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     atm = ToyAtmosphere(lat, lon, levels, seed)
     static = {"Z_GDS4_SFC": atm.z_sfc, "LSM": atm.lsm}
     _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
-                      coords=_coords(lat, lon)), out / "static.nc")
+                      coords=_coords(lat, lon)), out / f"static{ext}")
 
     moments = _Moments()
     for year, times, buf in _simulate(atm, schedule, len(levels), grid, progress):
         coords = _coords(lat, lon, level_values, times)
         dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
         era5 = {k: (dims3, buf[k], ATTRS[k]) for k in UPPER_AIR} | {k: (dims2, buf[k], ATTRS[k]) for k in SURFACE}
-        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}.nc")
+        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}{ext}")
         coords.pop("level")
-        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}.nc")
+        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}{ext}")
         if year in train_years:
             for k in UPPER_AIR:
                 moments.add(k, buf[k], (0, 2, 3))
@@ -205,9 +229,10 @@ def _prepare_output_dir(out: Path, overwrite: bool) -> None:
             if not overwrite:
                 raise GenerateError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) "
                                     "to replace a dataset there")
-            for pattern in ["static.nc", "mean.nc", "std.nc", "era5_*.nc", "forcing_*.nc", "*.nc.tmp"]:
-                for f in out.glob(pattern):
-                    f.unlink()
+            for stem in ["static", "mean", "std", "era5_*", "forcing_*", "*"]:
+                for ext in FORMATS.values():
+                    for f in out.glob(f"{stem}{ext}" if stem != "*" else f"*{ext}.tmp"):
+                        shutil.rmtree(f) if f.is_dir() else f.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -281,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days-per-year", type=int, default=None, help="keep only the first N days of each year")
     parser.add_argument("--time-range", nargs=2, metavar=("START", "END"), default=None,
                         help="keep only times in this inclusive ISO range")
+    parser.add_argument("--format", choices=list(FORMATS), default="netcdf",
+                        help="data files as netCDF (default) or zarr stores; statistics are netCDF")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     try:
@@ -288,13 +315,18 @@ def main(argv: list[str] | None = None) -> int:
         path = generate_dataset(args.out, grid=args.grid, years=args.years, levels=args.levels,
                                 train_years=args.train_years, seed=args.seed, progress=not args.no_progress,
                                 days_per_year=args.days_per_year,
-                                time_range=args.time_range, overwrite=args.overwrite)
+                                time_range=args.time_range, overwrite=args.overwrite,
+                                file_format=args.format)
     except GenerateError as err:
         print(f"credit data generate: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     print(f"wrote dataset to {path}")
+    if args.format == "zarr":
+        print(f"train on it with: data.root={path} data.files.upper_air='era5_*.zarr' "
+              "data.files.surface='era5_*.zarr' data.files.diagnostic='era5_*.zarr' "
+              "data.files.forcing='forcing_*.zarr' data.files.static=static.zarr")
     return 0
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from datahelpers import FILES, SPEC
+from datahelpers import ANY_FILES, FILES, SPEC, files_for
 
 from credit.data import DataError, ERA5Dataset, VariableSpec
 
@@ -16,7 +16,7 @@ LEVELS_REQ = (850, 500)  # deliberately not the file order
 
 
 def _make(root, **kw):
-    args = dict(files=FILES, variables=SPEC, levels=LEVELS_REQ, period=("2000-01-01", "2000-01-02"),
+    args = dict(files=files_for(root), variables=SPEC, levels=LEVELS_REQ, period=("2000-01-01", "2000-01-02"),
                 history_len=2, forecast_len=1)
     args.update(kw)
     return ERA5Dataset(root, **args)
@@ -24,7 +24,8 @@ def _make(root, **kw):
 
 def _manual(root, times, var, levels=None):
     """Values read straight from the yearly files, in time order."""
-    year_files = sorted(root.glob("era5_*.nc" if var != "tsi" else "forcing_*.nc"))
+    ext = ".zarr" if (root / "static.zarr").exists() else ".nc"
+    year_files = sorted(root.glob(f"era5_*{ext}" if var != "tsi" else f"forcing_*{ext}"))
     parts = []
     for path in year_files:
         with xr.open_dataset(path) as ds:
@@ -43,7 +44,8 @@ def _stats(root, var, levels=None):
                 s[var].sel(level=list(levels)).values.astype(np.float64)[:, None, None])
 
 
-def test_shapes_channel_order_and_normalisation(small_root):
+def test_shapes_channel_order_and_normalisation(small_any_root):
+    small_root = small_any_root
     ds = _make(small_root)
     assert len(ds) == 6  # 8 six-hourly times, 3 per sample
     assert ds.state_channel_names == ["U_850", "U_500", "V_850", "V_500", "T_850", "T_500", "Q_850", "Q_500", "SP"]
@@ -75,7 +77,7 @@ def test_shapes_channel_order_and_normalisation(small_root):
     tsi_mean, tsi_std = _stats(small_root, "tsi")
     np.testing.assert_allclose(sample["forcing"][:, 0].numpy(), (_manual(small_root, times, "tsi") - tsi_mean)
                                / tsi_std, atol=1e-5)
-    with xr.open_dataset(small_root / "static.nc") as st:
+    with xr.open_dataset(next(small_root.glob("static.*"))) as st:
         z_mean, z_std = _stats(small_root, "Z_GDS4_SFC")
         np.testing.assert_allclose(sample["static"][0].numpy(), (st["Z_GDS4_SFC"].values - z_mean) / z_std, atol=1e-5)
     assert ds.target_mean.shape == (10,) and ds.target_std.shape == (10,)
@@ -89,7 +91,8 @@ def test_shapes_channel_order_and_normalisation(small_root):
     assert len(_make(small_root, stride=2)) == 3 and _make(small_root, stride=2)[1]["time"][0] == sample["time"][1]
 
 
-def test_samples_cross_the_year_boundary(boundary_root):
+def test_samples_cross_the_year_boundary(boundary_any_root):
+    boundary_root = boundary_any_root
     ds = _make(boundary_root, period=("2000-12-31", "2001-01-01"), history_len=2, forecast_len=2, normalize=False)
     assert len(ds) == 5
     crossing = 0
@@ -104,14 +107,16 @@ def test_samples_cross_the_year_boundary(boundary_root):
     assert crossing == 3
 
 
-def test_samples_never_span_a_gap_between_files(small_root):
+def test_samples_never_span_a_gap_between_files(small_any_root):
+    small_root = small_any_root
     ds = _make(small_root, period=("2000-01-01", "2001-01-02"))
     assert len(ds) == 12  # 6 per two-day file; none across the year-long gap
     for t in ds.times:
         assert t.astype("datetime64[Y]") in (np.datetime64("2000", "Y"), np.datetime64("2001", "Y"))
 
 
-def test_each_file_opened_once_per_process(small_root):
+def test_each_file_opened_once_per_process(small_any_root):
+    small_root = small_any_root
     ds = _make(small_root, period=("2000-01-01", "2001-01-02"))
     assert ds.open_count == 0  # construction only scans
     for _ in range(2):
@@ -120,13 +125,33 @@ def test_each_file_opened_once_per_process(small_root):
     assert ds.open_count == 5  # era5 x2, forcing x2, static (era5 serves three roles, opened once)
 
 
-def test_dataloader_workers_reopen_their_own_handles(small_root):
-    ds = _make(small_root)
+def test_dataloader_workers_reopen_their_own_handles(small_any_root):
+    ds = _make(small_any_root)
     loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork")
     batches = list(loader)
     assert ds.open_count == 0  # the parent never read
     direct = torch.stack([ds[i]["state"] for i in range(3)])
     assert torch.equal(batches[0]["state"], direct) and ds.open_count == 3
+
+
+def test_netcdf_and_zarr_mixed_in_one_dataset(small_root, small_zarr_root, tmp_path):
+    """A glob may match .nc files and .zarr stores together: 2000 from netCDF, 2001 from zarr,
+    the same samples as all-netCDF; files inside a store are never taken for data files."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("era5_2000.nc", "forcing_2000.nc", "static.nc", "mean.nc", "std.nc"):
+        shutil.copy(small_root / name, mixed / name)
+    for name in ("era5_2001.zarr", "forcing_2001.zarr"):
+        shutil.copytree(small_zarr_root / name, mixed / name)
+    period = ("2000-01-01", "2001-01-02")
+    ds = _make(mixed, files=ANY_FILES, period=period)
+    ref = _make(small_root, period=period)
+    assert len(ds) == len(ref) == 12
+    for i in (0, 6, 11):
+        for key in ("state", "forcing", "static", "target", "time"):
+            assert torch.equal(ds[i][key], ref[i][key])
+    with pytest.raises(DataError, match="no file"):  # a glob reaching into a store finds nothing
+        _make(mixed, files={**ANY_FILES, "forcing": "forcing_2001.zarr/tsi/*"}, period=period)
 
 
 def _copy_with(src, dst, fn):

@@ -151,6 +151,25 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, capsys):
     assert main(args + ["--overwrite"]) == 0 and (out / "notes.txt").exists()
     with pytest.raises(GenerateError, match="levels"):
         generate_dataset(tmp_path / "y", levels=(), progress=False)
+    assert main(["--out", str(tmp_path / "z"), "--format", "grib"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--format" in err and "grib" in err
+    # --overwrite replaces one format's files by the other's, leaving no stale store behind
+    assert main(args + ["--overwrite", "--format", "zarr"]) == 0
+    assert (out / "era5_2000.zarr").is_dir() and not (out / "era5_2000.nc").exists()
+    assert (out / "mean.nc").exists() and (out / "notes.txt").exists()
+    assert "data.files.upper_air='era5_*.zarr'" in capsys.readouterr().out
+
+
+def test_zarr_stores_hold_the_netcdf_values_one_time_per_chunk(small_root, small_zarr_root):
+    for name in ("era5_2000", "forcing_2001", "static"):
+        nc, zr = _load(small_root / f"{name}.nc"), _load(small_zarr_root / f"{name}.zarr")
+        assert nc.identical(zr.assign_attrs(nc.attrs)), name
+    with xr.open_dataset(small_zarr_root / "era5_2000.zarr", engine="zarr") as ds:
+        assert ds["T"].encoding["chunks"] == (1, len(LEVELS), *GRID)
+    with netCDF4.Dataset(small_root / "era5_2000.nc") as ds:
+        assert ds["T"].chunking() == [1, len(LEVELS), *GRID]
+    assert (small_zarr_root / "era5_2000.zarr" / ".zmetadata").exists()  # consolidated: one read opens it
 
 
 def test_every_level_stays_statistically_steady_over_a_year(tmp_path):
