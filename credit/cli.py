@@ -1,4 +1,4 @@
-"""The `credit` command: train | rollout | check | convert-checkpoint | data generate | sdc-probe."""
+"""The `credit` command: train | rollout | check | convert-checkpoint | data generate|stats | sdc-probe."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ commands:
                                  checkpoint OUT (new path) for the model the overrides describe;
                                  continue with: credit train trainer.resume=OUT KEY=VALUE ...
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
+  data stats [--overwrite] [KEY=VALUE ...]
+                                 write data.files.mean / data.files.std under data.root from
+                                 data.train_period (same overrides as train; --help)
   sdc-probe [--nproc N] [--layers 8] [--dim 64] [--iterations 10] [KEY=VALUE ...]
                                  qualify ranks for silent data corruption: identical layers under
                                  FSDP2 + TP (e.g. trainer.parallelism.tensor=2, model.gemm=...,
@@ -303,14 +306,19 @@ def _dispatch(args: list[str]) -> int:
     if command == "sdc-probe":
         return _probe(rest)
     if command == "data":
-        if not rest or rest[0] != "generate":
-            return _fail("usage: credit data generate --out DIR [--grid 32x64 --years ...]")
-        from credit.data.generate import main as generate_main
+        if rest[:1] == ["generate"]:
+            from credit.data.generate import main as generate_main
 
-        return generate_main(rest[1:])
+            return generate_main(rest[1:])
+        if rest[:1] == ["stats"]:
+            from credit.data.stats import main as stats_main
+
+            return stats_main(rest[1:])
+        return _fail("usage: credit data generate --out DIR [...] | credit data stats [--overwrite] "
+                     "[KEY=VALUE ...]")
     return _fail(
         f"unknown command {command!r}; commands: train, rollout, check, convert-checkpoint, "
-        f"data generate, sdc-probe"
+        f"data generate, data stats, sdc-probe"
     )
 
 

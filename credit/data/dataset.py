@@ -63,13 +63,18 @@ class ERA5Dataset(torch.utils.data.Dataset):
     and those samples are left out). Values read are checked finite: ``nonfinite="error"``
     raises naming the file, variable and time; ``"skip_sample"`` returns the next sample whose
     values are finite instead (its ``skipped`` entry counts the samples passed over).
+    ``statistics=False`` (with ``normalize=False``) needs no mean/std files: the catalog and
+    the raw reads (:meth:`times_in_period`, :meth:`read_raw`, :meth:`read_static_raw`) serve
+    ``credit data stats``, which writes those files.
     """
 
     def __init__(self, root: str | Path, *, files: Mapping[str, str], variables: VariableSpec,
                  levels: Sequence[float], period: tuple[str, str], history_len: int = 1, forecast_len: int = 1,
                  normalize: bool = True, stride: int = 1, level_dim: str = "level",
-                 nonfinite: str = "error", allow_missing_times: bool = False):
+                 nonfinite: str = "error", allow_missing_times: bool = False, statistics: bool = True):
         self.root = Path(root)
+        if not statistics and normalize:
+            raise DataError("normalize=True needs the mean and std files (statistics=True)")
         if nonfinite not in NONFINITE_MODES:
             raise DataError(f"nonfinite={nonfinite!r}; allowed: {list(NONFINITE_MODES)}")
         self.nonfinite, self.allow_missing_times = nonfinite, bool(allow_missing_times)
@@ -89,7 +94,8 @@ class ERA5Dataset(torch.utils.data.Dataset):
             raise DataError(f"levels is empty but upper-air variables {list(variables.upper_air)} are requested")
 
         # Scan every distinct file once; roles without variables need no files.
-        needed = [r for r in ROLES if r in ("mean", "std") or getattr(variables, r)]
+        needed = [r for r in ROLES if (statistics and r in ("mean", "std"))
+                  or (r not in ("mean", "std") and getattr(variables, r))]
         self._role_paths = {r: resolve_glob(self.root, r, files[r]) for r in needed}
         self._globs = dict(files)
         self._info: dict[Path, FileInfo] = {}
@@ -101,7 +107,9 @@ class ERA5Dataset(torch.utils.data.Dataset):
         self._index_times(variables)
         self._static_info = {v: self._files_with("static", v, ("lat", "lon"))[0] for v in variables.static}
         self._select_samples(period, int(stride))
-        self._load_statistics()
+        self._period_ns = parse_period(period)
+        if statistics:
+            self._load_statistics()
         self._handles: dict[Path, xr.Dataset] = {}
         self._handles_pid: int | None = None
         self._static_cache: np.ndarray | None = None
@@ -304,6 +312,38 @@ class ERA5Dataset(torch.utils.data.Dataset):
             out.append(arr)
         return np.concatenate(out).astype(np.float32, copy=False)
 
+    def times_in_period(self, var: str) -> np.ndarray:
+        """The times (int64 ns) of time-dependent `var` inside the period, in order."""
+        start, end = self._period_ns
+        t = self._where[var][0]
+        return t[(t >= start) & (t <= end)]
+
+    def files_of(self, var: str) -> list[Path]:
+        """The files `var` is read from inside the period (static: its one file)."""
+        if var in self._static_info:
+            return [self._static_info[var].path]
+        start, end = self._period_ns
+        t, infos, fidx, _ = self._where[var]
+        return [infos[k].path for k in dict.fromkeys(fidx[(t >= start) & (t <= end)])]
+
+    def read_raw(self, var: str, times: np.ndarray) -> np.ndarray:
+        """Un-normalized float32 values of time-dependent `var` at `times` (present in its
+        files): (T, levels, H, W) for upper-air variables, else (T, H, W). Raises
+        :class:`NonFiniteData` naming the file, variable and time of a NaN or inf."""
+        return self._read(var, np.asarray(times, np.int64), var in self.variables.upper_air)
+
+    def read_static_raw(self, var: str) -> np.ndarray:
+        """Un-normalized float32 (H, W) values of static `var`."""
+        info = self._static_info[var]
+        da = self._handle(info.path)[var]
+        if TIME_NAME in da.dims:
+            da = da.isel({TIME_NAME: 0})
+        values = da.transpose(info.lat_name, info.lon_name).values.astype(np.float32)
+        problem = nonfinite_problem(values[None], var, info, None, None)
+        if problem:
+            raise NonFiniteData(problem)
+        return values
+
     def _norm(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         if not self.normalize:
             return x
@@ -313,16 +353,12 @@ class ERA5Dataset(torch.utils.data.Dataset):
     def _static(self) -> np.ndarray:
         if self._static_cache is None:  # plain data: safe to inherit across a fork
             arrays = []
-            for var, info in self._static_info.items():
-                da = self._handle(info.path)[var]
-                if TIME_NAME in da.dims:
-                    da = da.isel({TIME_NAME: 0})
-                values = da.transpose(info.lat_name, info.lon_name).values.astype(np.float32)
-                problem = nonfinite_problem(values[None], var, info, None, None)
-                if problem:  # not NonFiniteData: no sample could be kept
-                    raise DataError(f"{problem.split(';')[0]}; a static field enters every sample, "
-                                    f"so data.nonfinite=skip_sample cannot help")
-                arrays.append(values)
+            for var in self._static_info:
+                try:
+                    arrays.append(self.read_static_raw(var))
+                except NonFiniteData as error:  # not NonFiniteData: no sample could be kept
+                    raise DataError(f"{str(error).split(';')[0]}; a static field enters every sample, "
+                                    f"so data.nonfinite=skip_sample cannot help") from None
             h, w = self.grid_shape
             stacked = np.stack(arrays) if arrays else np.zeros((0, h, w), np.float32)
             self._static_cache = self._norm(stacked, self._static_stats)

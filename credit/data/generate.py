@@ -28,6 +28,7 @@ import xarray as xr
 from tqdm import tqdm
 
 from .catalog import DataError, parse_period
+from .moments import RunningMoments
 from .physics import ToyAtmosphere
 
 UPPER_AIR = ("U", "V", "T", "Q")
@@ -122,30 +123,6 @@ def _write(ds: xr.Dataset, path: Path) -> None:
     os.replace(tmp, path)
 
 
-class _Moments:
-    """Running mean and M2 (Chan et al. pairwise combination) in float64, one per variable."""
-
-    def __init__(self):
-        self.n, self.mean, self.m2 = {}, {}, {}
-
-    def add(self, name: str, x: np.ndarray, axes: tuple[int, ...]) -> None:
-        x = x.astype(np.float64)
-        n_b = np.prod([x.shape[a] for a in axes])
-        mean_b = x.mean(axis=axes)
-        m2_b = ((x - np.expand_dims(mean_b, axes)) ** 2).sum(axis=axes)
-        if name not in self.n:
-            self.n[name], self.mean[name], self.m2[name] = n_b, mean_b, m2_b
-            return
-        n_a, mean_a = self.n[name], self.mean[name]
-        delta, n = mean_b - mean_a, n_a + n_b
-        self.mean[name] = mean_a + delta * n_b / n
-        self.m2[name] = self.m2[name] + m2_b + delta**2 * n_a * n_b / n
-        self.n[name] = n
-
-    def std(self, name: str) -> np.ndarray:
-        return np.sqrt(self.m2[name] / self.n[name])
-
-
 def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years: Sequence[int] = (2000, 2001),
                      levels: Sequence[float] = (300, 500, 700, 850), train_years: Sequence[int] | None = None,
                      seed: int = 0, progress: bool = True, days_per_year: int | None = None,
@@ -180,7 +157,7 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
                       coords=_coords(lat, lon)), out / f"static{ext}")
 
-    moments = _Moments()
+    moments = RunningMoments()
     for year, times, buf in _simulate(atm, schedule, len(levels), grid, progress):
         coords = _coords(lat, lon, level_values, times)
         dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
@@ -268,7 +245,7 @@ def _simulate(atm: ToyAtmosphere, schedule: dict, n_levels: int, grid: tuple[int
             yield year, times, buf
 
 
-def _write_statistics(out: Path, moments: "_Moments", level: tuple, train_years: list[int]) -> None:
+def _write_statistics(out: Path, moments: RunningMoments, level: tuple, train_years: list[int]) -> None:
     """Write ``mean.nc`` and ``std.nc`` (per level for upper-air variables, scalars otherwise)."""
     for name, stat in (("mean", lambda k: moments.mean[k]), ("std", moments.std)):
         data = {k: (("level",), stat(k).astype(np.float32), ATTRS[k]) for k in UPPER_AIR}
