@@ -301,16 +301,20 @@ class ERA5Dataset(torch.utils.data.Dataset):
             if upper:
                 li = self._level_idx[(var, info.path)]
                 uniq = sorted(set(li))  # read increasing indices, then reorder to the requested order
-                sel[self.level_dim] = uniq
+                # a slice reads the levels as one contiguous block (a list indexes them one by one)
+                contiguous = uniq == list(range(uniq[0], uniq[-1] + 1))
+                sel[self.level_dim] = slice(uniq[0], uniq[-1] + 1) if contiguous else uniq
                 arr = da.isel(sel).transpose(TIME_NAME, self.level_dim, info.lat_name, info.lon_name).values
-                arr = arr[:, [uniq.index(i) for i in li]]
+                if li != uniq:
+                    arr = arr[:, [uniq.index(i) for i in li]]
             else:
                 arr = da.isel(sel).transpose(TIME_NAME, info.lat_name, info.lon_name).values
             problem = nonfinite_problem(arr, var, info, times[fidx[pos] == k], self.levels if upper else None)
             if problem:
                 raise NonFiniteData(problem)
             out.append(arr)
-        return np.concatenate(out).astype(np.float32, copy=False)
+        arr = out[0] if len(out) == 1 else np.concatenate(out)
+        return arr.astype(np.float32, copy=False)
 
     def times_in_period(self, var: str) -> np.ndarray:
         """The times (int64 ns) of time-dependent `var` inside the period, in order."""
@@ -345,10 +349,13 @@ class ERA5Dataset(torch.utils.data.Dataset):
         return values
 
     def _norm(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """`(x - mean) / std` per channel (axis -3), in place: `x` is a buffer of this sample."""
         if not self.normalize:
             return x
         mean, std = (s.astype(np.float32)[:, None, None] for s in stats)
-        return (x - mean) / std
+        x -= mean
+        x /= std
+        return x
 
     def _static(self) -> np.ndarray:
         if self._static_cache is None:  # plain data: safe to inherit across a fork
@@ -384,27 +391,32 @@ class ERA5Dataset(torch.utils.data.Dataset):
         raise DataError("every sample of the period reads non-finite values (data.nonfinite=skip_sample)")
 
     def _sample(self, index: int) -> dict[str, torch.Tensor]:
+        """One sample, each variable read once and copied once into the sample's buffers (no
+        concatenation), normalized in place."""
         spec, h, f = self.variables, self.history_len, self.forecast_len
         times = self._starts[index] + self.step_ns * np.arange(h + f)
-        prog = [self._read(v, times, True).reshape(h + f, -1, *self.grid_shape) for v in spec.upper_air]
-        prog += [self._read(v, times, False)[:, None] for v in spec.surface]
-        prog = np.concatenate(prog, axis=1)
-        state = self._norm(prog[:h], self._state_stats)
-        target = prog[h:]
-        if spec.diagnostic:
-            diag = np.stack([self._read(v, times[h:], False) for v in spec.diagnostic], axis=1)
-            target = np.concatenate([target, diag], axis=1)
-        target = self._norm(target, self._target_stats)
-        if spec.forcing:
-            forcing = self._norm(np.stack([self._read(v, times, False) for v in spec.forcing], axis=1),
-                                 self._forcing_stats)
-        else:
-            forcing = np.zeros((h + f, 0, *self.grid_shape), np.float32)
+        state = np.empty((h, len(self.state_channel_names), *self.grid_shape), np.float32)
+        target = np.empty((f, len(self.target_channel_names), *self.grid_shape), np.float32)
+        channel = 0
+        for var in spec.upper_air + spec.surface:
+            upper = var in spec.upper_air
+            values = self._read(var, times, upper)
+            width = len(self.levels) if upper else 1
+            values = values.reshape(h + f, width, *self.grid_shape)
+            state[:, channel:channel + width] = values[:h]
+            target[:, channel:channel + width] = values[h:]
+            channel += width
+        for var in spec.diagnostic:
+            target[:, channel] = self._read(var, times[h:], False)
+            channel += 1
+        forcing = np.empty((h + f, len(spec.forcing), *self.grid_shape), np.float32)
+        for k, var in enumerate(spec.forcing):
+            forcing[:, k] = self._read(var, times, False)
         return {
-            "state": torch.from_numpy(np.ascontiguousarray(state, np.float32)),
-            "forcing": torch.from_numpy(np.ascontiguousarray(forcing, np.float32)),
+            "state": torch.from_numpy(self._norm(state, self._state_stats)),
+            "forcing": torch.from_numpy(self._norm(forcing, self._forcing_stats)),
             "static": torch.from_numpy(self._static().copy()),
-            "target": torch.from_numpy(np.ascontiguousarray(target, np.float32)),
+            "target": torch.from_numpy(self._norm(target, self._target_stats)),
             "time": torch.from_numpy(times.astype(np.int64)),
             "index": torch.tensor(index, dtype=torch.int64),
         }
