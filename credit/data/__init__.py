@@ -6,7 +6,7 @@ from .dataset import ERA5Dataset, VariableSpec
 from .from_config import build_dataset, ensure_dataset, model_layout, variable_spec
 from .generate import generate_dataset
 from .latitude import latitude_weights
-from .sampler import DPShardedBatchSampler, evenly_spaced
+from .sampler import DPShardedBatchSampler, collate_samples, evenly_spaced
 
 __all__ = [
     "DPShardedBatchSampler",
@@ -14,6 +14,7 @@ __all__ = [
     "ERA5Dataset",
     "VariableSpec",
     "build_dataset",
+    "collate_samples",
     "ensure_dataset",
     "evenly_spaced",
     "generate_dataset",

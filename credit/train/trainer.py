@@ -28,6 +28,7 @@ from credit.diagnostics import SDC_COLUMNS, SDCDetector, StepReport
 from credit.data import (
     DPShardedBatchSampler,
     build_dataset,
+    collate_samples,
     ensure_dataset,
     evenly_spaced,
     latitude_weights,
@@ -194,6 +195,7 @@ class Trainer:
             batch_sampler=_Batches(self.sampler),
             num_workers=data.num_workers,
             persistent_workers=data.num_workers > 0,
+            collate_fn=collate_samples,
         )
         valid_indices = evenly_spaced(data.valid_samples, len(self.valid_set))
         self.valid_loader = DataLoader(
@@ -201,6 +203,7 @@ class Trainer:
             batch_size=self.cfg.trainer.batch_size,
             shuffle=False,
             num_workers=0,
+            collate_fn=collate_samples,
         )
 
     # ----------------------------------------------------------- checkpoints

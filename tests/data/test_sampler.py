@@ -76,3 +76,17 @@ def test_invalid_arguments_raise_clear_errors():
         DPShardedBatchSampler(11, 4, dp_rank=0, dp_size=3, seed=0)
     with pytest.raises(ValueError, match="position"):
         _sampler(0).set_position(0, 99)
+
+
+def test_collate_samples_matches_default_collate_and_views_a_single_sample():
+    from credit.data import collate_samples
+
+    samples = [{"state": torch.randn(2, 3, 4, 5), "time": torch.arange(3), "index": torch.tensor(i)}
+               for i in range(3)]
+    for batch in (samples, samples[:1]):
+        ours, ref = collate_samples(batch), torch.utils.data.default_collate(batch)
+        assert ours.keys() == ref.keys()
+        for key in ref:
+            assert ours[key].shape == ref[key].shape and torch.equal(ours[key], ref[key])
+    single = collate_samples(samples[:1])
+    assert single["state"].data_ptr() == samples[0]["state"].data_ptr()  # no 0.5 GB copy
