@@ -136,12 +136,27 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
       const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
       bool unit = cols == NR && b.col[n0] >= 0;
       for (int c = 1; unit && c < NR; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
+      if (!unit) {
+        // Columns not adjacent (B transposed, as in dA = dC Bᵀ): walk each column down a
+        // leaf's 32 rows, which are then usually adjacent, instead of gathering row by row.
+        for (int64_t k0 = 0; k0 < Kp; k0 += kLeaf) {
+          for (int c = 0; c < NR; ++c) {
+            const int64_t col = c < cols ? b.col[n0 + c] : -1;
+            float* d = panel + k0 * NR + c;
+            for (int64_t k = 0; k < kLeaf; ++k) {
+              const int64_t r = k0 + k < K ? b.row[k0 + k] : -1;
+              d[k * NR] = (r < 0 || col < 0) ? 0.0f : static_cast<float>(b.base[r + col]);
+            }
+          }
+        }
+        continue;
+      }
       for (int64_t k = 0; k < Kp; ++k) {
         float* d = panel + k * NR;
         const int64_t r = k < K ? b.row[k] : -1;
         if (r < 0) {
           for (int c = 0; c < NR; ++c) d[c] = 0.0f;
-        } else if (unit) {
+        } else {
           const T* src = b.base + r + b.col[n0];
           if constexpr (std::is_same<T, float>::value) {
 #pragma GCC unroll 8
@@ -149,12 +164,23 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
           } else {
             for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
           }
-        } else {
-          for (int c = 0; c < NR; ++c) d[c] = c < cols ? at(b, k, n0 + c) : 0.0f;
         }
       }
     }
   });
+}
+
+// MR adjacent floats (one k of a packed A panel read from A transposed).
+inline void copy_mr(const float* src, float* dst) {
+#if (defined(__AVX512F__) || defined(__AVX2__)) && !defined(__CUDACC__)
+  if constexpr (MR == 6) {  // 4 + 2 floats: GCC otherwise emits a memmove call or inserts
+    _mm_storeu_ps(dst, _mm_loadu_ps(src));
+    _mm_storel_pi(reinterpret_cast<__m64*>(dst + 4),
+                  _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(src + 4)));
+    return;
+  }
+#endif
+  for (int r = 0; r < MR; ++r) dst[r] = src[r];
 }
 
 // Decides per leaf how fp32 A is read (other dtypes are always packed).
@@ -200,20 +226,33 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   const int64_t mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
   constexpr bool kDirect = std::is_same<T, float>::value;
   const LeafPlan plan = plan_leaves(a.col, K, nleaves, kDirect);
-  std::vector<float> pa(static_cast<size_t>(mp * plan.packed * kLeaf * MR));
+  // Packed leaves of A, [A panel][packed leaf][k][MR]; every entry is written below, so the
+  // buffer is reused between calls (fresh pages cost as much as the packing itself).
+  thread_local std::vector<float> pa_buf;
+  const size_t pa_size = static_cast<size_t>(mp * plan.packed * kLeaf * MR);
+  if (pa_buf.size() < pa_size) pa_buf.resize(pa_size);
+  float* const pa = pa_buf.data();
   if (plan.packed > 0) {
     at::parallel_for(0, mp, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) {
-        float* dst = pa.data() + p * plan.packed * kLeaf * MR;
-        for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-          if (plan.kind[leaf] != kPacked) continue;
-          float* d = dst + plan.offset[leaf] * kLeaf * MR;
+      // Leaf-major: an evenly spaced leaf's 32 source rows (A transposed: dW's rows of the
+      // activations) stay in L1 while every panel of the range copies its MR columns from them.
+      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+        if (plan.kind[leaf] != kPacked) continue;
+        for (int64_t p = lo; p < hi; ++p) {
+          float* d = pa + (p * plan.packed + plan.offset[leaf]) * kLeaf * MR;
           if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
-            const float* src[MR];
-            for (int r = 0; r < MR; ++r)
-              src[r] = reinterpret_cast<const float*>(a.base) +
-                       a.row[std::min<int64_t>(p * MR + r, M - 1)] + plan.start[leaf];
+            const float* const base = reinterpret_cast<const float*>(a.base) + plan.start[leaf];
             const int64_t s = plan.stride[leaf];
+            const int64_t m0 = p * MR;
+            bool consecutive = m0 + MR <= M;  // the panel's rows are adjacent floats
+            for (int r = 1; consecutive && r < MR; ++r) consecutive = a.row[m0 + r] == a.row[m0] + r;
+            if (consecutive) {
+              const float* src = base + a.row[m0];
+              for (int64_t k = 0; k < kLeaf; ++k) copy_mr(src + k * s, d + k * MR);
+              continue;
+            }
+            const float* src[MR];
+            for (int r = 0; r < MR; ++r) src[r] = base + a.row[std::min<int64_t>(m0 + r, M - 1)];
             for (int64_t k = 0; k < kLeaf; ++k)
               for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k * s];
             continue;
@@ -269,7 +308,7 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
         for (int r = 0; r < MR; ++r)
           out[r] = in_place ? reinterpret_cast<float*>(c.base) + c.row[m0 + r] + c.col[n0]
                             : tile + r * NR;
-        micro_tile(rows, a.col, plan, pa.data() + ip * plan.packed * kLeaf * MR,
+        micro_tile(rows, a.col, plan, pa + ip * plan.packed * kLeaf * MR,
                    pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(),
                    c.bias != nullptr ? bias.data() + n0 : nullptr, out);
         if (in_place) continue;
@@ -293,9 +332,19 @@ constexpr int64_t kLargeOutputBytes = 1 << 20;
 
 // The subtree over leaves [leaf0, leaf0 + n) into dst (M x N, row-major fp32;
 // rowmajor: the tables that address it).
+// Split-pass buffers, one per recursion level (level 0: the full result), reused between
+// calls: every entry is overwritten by its pass, and fresh pages cost a page fault each.
+inline float* pass_buffer(int level, size_t size) {
+  thread_local std::vector<std::vector<float>> pool(64);
+  std::vector<float>& buf = pool[static_cast<size_t>(level)];
+  if (buf.size() < size) buf.resize(size);
+  return buf.data();
+}
+
 template <typename T>
 void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<float>& rowmajor,
-             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n, int64_t block_leaves) {
+             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n, int64_t block_leaves,
+             int level) {
   const int64_t k0 = leaf0 * kLeaf;
   if (n <= block_leaves) {
     const Gather<T> ap{a.base, a.row, a.col + k0}, bp{b.base, b.row + k0, b.col};
@@ -306,9 +355,9 @@ void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<f
     return;
   }
   const int64_t left = (n + 1) / 2;
-  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left, block_leaves);
-  std::vector<float> right(static_cast<size_t>(M * N));
-  subtree(a, b, right.data(), rowmajor, M, K, N, leaf0 + left, n - left, block_leaves);
+  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left, block_leaves, level + 1);
+  float* const right = pass_buffer(level + 1, static_cast<size_t>(M * N));
+  subtree(a, b, right, rowmajor, M, K, N, leaf0 + left, n - left, block_leaves, level + 1);
   at::parallel_for(0, M * N, 4096, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) dst[i] += right[i];
   });
@@ -348,14 +397,14 @@ void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M
   std::vector<int64_t> trow(static_cast<size_t>(M)), tcol(static_cast<size_t>(N));
   for (int64_t i = 0; i < M; ++i) trow[i] = i * N;
   for (int64_t j = 0; j < N; ++j) tcol[j] = j;
-  std::vector<float> full(static_cast<size_t>(M * N));
-  subtree(a, b, full.data(), Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves,
-          block_leaves);
+  float* const full = pass_buffer(0, static_cast<size_t>(M * N));
+  subtree(a, b, full, Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves,
+          block_leaves, 0);
   bool unit = true;
   for (int64_t j = 1; unit && j < N; ++j) unit = c.col[j] == c.col[0] + j;
   at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      float* src = full.data() + i * N;
+      float* src = full + i * N;
       if (c.bias != nullptr)
         for (int64_t j = 0; j < N; ++j) src[j] += c.bias[j];
       O* orow = c.base + c.row[i];
