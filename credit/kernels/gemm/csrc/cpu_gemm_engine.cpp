@@ -131,38 +131,46 @@ template <typename T>
 void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, int64_t p1,
             float* dst) {
   at::parallel_for(p0, p1, 1, [&](int64_t lo, int64_t hi) {
+    // Panels whose NR columns are adjacent copy whole vectors; they are filled row by row
+    // across the range, so B's rows are read front to back (one stream, not one per panel).
+    std::vector<uint8_t> unit(static_cast<size_t>(hi - lo));
     for (int64_t p = lo; p < hi; ++p) {
-      float* panel = dst + (p - p0) * Kp * NR;
-      const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
-      bool unit = cols == NR && b.col[n0] >= 0;
-      for (int c = 1; unit && c < NR; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
-      if (!unit) {
-        // Columns not adjacent (B transposed, as in dA = dC Bᵀ): walk each column down a
-        // leaf's 32 rows, which are then usually adjacent, instead of gathering row by row.
-        for (int64_t k0 = 0; k0 < Kp; k0 += kLeaf) {
-          for (int c = 0; c < NR; ++c) {
-            const int64_t col = c < cols ? b.col[n0 + c] : -1;
-            float* d = panel + k0 * NR + c;
-            for (int64_t k = 0; k < kLeaf; ++k) {
-              const int64_t r = k0 + k < K ? b.row[k0 + k] : -1;
-              d[k * NR] = (r < 0 || col < 0) ? 0.0f : static_cast<float>(b.base[r + col]);
-            }
-          }
-        }
-        continue;
-      }
-      for (int64_t k = 0; k < Kp; ++k) {
-        float* d = panel + k * NR;
-        const int64_t r = k < K ? b.row[k] : -1;
+      const int64_t n0 = p * NR;
+      bool u = n0 + NR <= N && b.col[n0] >= 0;
+      for (int c = 1; u && c < NR; ++c) u = b.col[n0 + c] == b.col[n0] + c;
+      unit[p - lo] = u;
+    }
+    for (int64_t k = 0; k < Kp; ++k) {
+      const int64_t r = k < K ? b.row[k] : -1;
+      for (int64_t p = lo; p < hi; ++p) {
+        if (!unit[p - lo]) continue;
+        float* d = dst + (p - p0) * Kp * NR + k * NR;
         if (r < 0) {
           for (int c = 0; c < NR; ++c) d[c] = 0.0f;
-        } else {
-          const T* src = b.base + r + b.col[n0];
-          if constexpr (std::is_same<T, float>::value) {
+          continue;
+        }
+        const T* src = b.base + r + b.col[p * NR];
+        if constexpr (std::is_same<T, float>::value) {
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
-          } else {
-            for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+          for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
+        } else {
+          for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+        }
+      }
+    }
+    for (int64_t p = lo; p < hi; ++p) {
+      if (unit[p - lo]) continue;
+      // Columns not adjacent (B transposed, as in dA = dC Bᵀ): walk each column down a
+      // leaf's 32 rows, which are then usually adjacent, instead of gathering row by row.
+      float* panel = dst + (p - p0) * Kp * NR;
+      const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
+      for (int64_t k0 = 0; k0 < Kp; k0 += kLeaf) {
+        for (int c = 0; c < NR; ++c) {
+          const int64_t col = c < cols ? b.col[n0 + c] : -1;
+          float* d = panel + k0 * NR + c;
+          for (int64_t k = 0; k < kLeaf; ++k) {
+            const int64_t r = k0 + k < K ? b.row[k0 + k] : -1;
+            d[k * NR] = (r < 0 || col < 0) ? 0.0f : static_cast<float>(b.base[r + col]);
           }
         }
       }
@@ -234,29 +242,38 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   float* const pa = pa_buf.data();
   if (plan.packed > 0) {
     at::parallel_for(0, mp, 16, [&](int64_t lo, int64_t hi) {
-      // Leaf-major: an evenly spaced leaf's 32 source rows (A transposed: dW's rows of the
-      // activations) stay in L1 while every panel of the range copies its MR columns from them.
+      // Panels whose MR rows are adjacent floats (A transposed: dW's activations).
+      std::vector<uint8_t> adjacent(static_cast<size_t>(hi - lo));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t m0 = p * MR;
+        bool adj = m0 + MR <= M;
+        for (int r = 1; adj && r < MR; ++r) adj = a.row[m0 + r] == a.row[m0] + r;
+        adjacent[p - lo] = adj;
+      }
+      // Leaf-major: an evenly spaced leaf's 32 source rows stay in L1 while every panel of
+      // the range copies its MR columns from them, k by k, so they are read front to back.
       for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
         if (plan.kind[leaf] != kPacked) continue;
-        for (int64_t p = lo; p < hi; ++p) {
-          float* d = pa + (p * plan.packed + plan.offset[leaf]) * kLeaf * MR;
-          if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
-            const float* const base = reinterpret_cast<const float*>(a.base) + plan.start[leaf];
-            const int64_t s = plan.stride[leaf];
-            const int64_t m0 = p * MR;
-            bool consecutive = m0 + MR <= M;  // the panel's rows are adjacent floats
-            for (int r = 1; consecutive && r < MR; ++r) consecutive = a.row[m0 + r] == a.row[m0] + r;
-            if (consecutive) {
-              const float* src = base + a.row[m0];
-              for (int64_t k = 0; k < kLeaf; ++k) copy_mr(src + k * s, d + k * MR);
-              continue;
-            }
+        float* const dleaf = pa + plan.offset[leaf] * kLeaf * MR;
+        const int64_t panel_stride = plan.packed * kLeaf * MR;
+        if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
+          const float* const base = reinterpret_cast<const float*>(a.base) + plan.start[leaf];
+          const int64_t s = plan.stride[leaf];
+          for (int64_t k = 0; k < kLeaf; ++k)
+            for (int64_t p = lo; p < hi; ++p)
+              if (adjacent[p - lo]) copy_mr(base + a.row[p * MR] + k * s, dleaf + p * panel_stride + k * MR);
+          for (int64_t p = lo; p < hi; ++p) {
+            if (adjacent[p - lo]) continue;
+            float* d = dleaf + p * panel_stride;
             const float* src[MR];
-            for (int r = 0; r < MR; ++r) src[r] = base + a.row[std::min<int64_t>(m0 + r, M - 1)];
+            for (int r = 0; r < MR; ++r) src[r] = base + a.row[std::min<int64_t>(p * MR + r, M - 1)];
             for (int64_t k = 0; k < kLeaf; ++k)
               for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k * s];
-            continue;
           }
+          continue;
+        }
+        for (int64_t p = lo; p < hi; ++p) {
+          float* d = dleaf + p * panel_stride;
           for (int64_t k = 0; k < kLeaf; ++k)
             for (int r = 0; r < MR; ++r) {
               const int64_t m = p * MR + r, kk = leaf * kLeaf + k;
