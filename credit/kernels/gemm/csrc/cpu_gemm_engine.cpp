@@ -338,13 +338,15 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   }
 }
 
-// Longest K (in leaves) one pass takes, so its B panel (512 x NR floats) stays
-// in L1/L2 (best of 4..64 on the model's dW shapes).  Longer K (dW over a
-// batch's rows) runs T(n)'s top levels as separate passes: the left ceil(n/2)
-// leaves and the right floor(n/2) are exactly the subtrees T(ceil(n/2)) and
-// T(floor(n/2)), summed into fp32 buffers and added once.  When the output is
+// Longest K (in leaves) one pass takes, so its B panel stays in L1/L2 (AVX-512:
+// 16 leaves, 512 x 64 floats, best of 4..64 on the model's dW shapes; AVX2: 8
+// leaves, 256 x 16 floats = 16 KiB, which leaves room in a 32 KiB L1 for the A
+// panel: 5-13% faster dW than 16 on an EPYC at the projection shapes).  Longer K
+// (dW over a batch's rows) runs T(n)'s top levels as separate passes: the left
+// ceil(n/2) leaves and the right floor(n/2) are exactly the subtrees T(ceil(n/2))
+// and T(floor(n/2)), summed into fp32 buffers and added once.  When the output is
 // large, each split costs a pass over it, so passes grow to 32 leaves.
-constexpr int64_t kBlockLeaves = 16, kBlockLeavesLargeOutput = 32;
+constexpr int64_t kBlockLeaves = NR >= 64 ? 16 : 8, kBlockLeavesLargeOutput = 32;
 constexpr int64_t kLargeOutputBytes = 1 << 20;
 
 // The subtree over leaves [leaf0, leaf0 + n) into dst (M x N, row-major fp32;
