@@ -131,47 +131,54 @@ template <typename T>
 void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, int64_t p1,
             float* dst) {
   at::parallel_for(p0, p1, 1, [&](int64_t lo, int64_t hi) {
-    // Panels whose NR columns are adjacent copy whole vectors; they are filled row by row
-    // across the range, so B's rows are read front to back (one stream, not one per panel).
-    std::vector<uint8_t> unit(static_cast<size_t>(hi - lo));
-    for (int64_t p = lo; p < hi; ++p) {
+    // When every panel of the range has NR adjacent columns (B not transposed), the panels
+    // are filled row by row, so B's rows are read front to back: one stream, not one per panel.
+    bool all_unit = true;
+    for (int64_t p = lo; all_unit && p < hi; ++p) {
       const int64_t n0 = p * NR;
-      bool u = n0 + NR <= N && b.col[n0] >= 0;
-      for (int c = 1; u && c < NR; ++c) u = b.col[n0 + c] == b.col[n0] + c;
-      unit[p - lo] = u;
+      all_unit = n0 + NR <= N && b.col[n0] >= 0;
+      for (int c = 1; all_unit && c < NR; ++c) all_unit = b.col[n0 + c] == b.col[n0] + c;
     }
-    for (int64_t k = 0; k < Kp; ++k) {
-      const int64_t r = k < K ? b.row[k] : -1;
-      for (int64_t p = lo; p < hi; ++p) {
-        if (!unit[p - lo]) continue;
-        float* d = dst + (p - p0) * Kp * NR + k * NR;
-        if (r < 0) {
-          for (int c = 0; c < NR; ++c) d[c] = 0.0f;
-          continue;
-        }
-        const T* src = b.base + r + b.col[p * NR];
-        if constexpr (std::is_same<T, float>::value) {
+    if (all_unit) {
+      for (int64_t k = 0; k < Kp; ++k) {
+        const int64_t r = k < K ? b.row[k] : -1;
+        for (int64_t p = lo; p < hi; ++p) {
+          float* d = dst + (p - p0) * Kp * NR + k * NR;
+          if (r < 0) {
+            for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+            continue;
+          }
+          const T* src = b.base + r + b.col[p * NR];
+          if constexpr (std::is_same<T, float>::value) {
 #pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
-        } else {
-          for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+            for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
+          } else {
+            for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+          }
         }
       }
+      return;
     }
     for (int64_t p = lo; p < hi; ++p) {
-      if (unit[p - lo]) continue;
-      // Columns not adjacent (B transposed, as in dA = dC Bᵀ): walk each column down a
-      // leaf's 32 rows, which are then usually adjacent, instead of gathering row by row.
       float* panel = dst + (p - p0) * Kp * NR;
       const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
-      for (int64_t k0 = 0; k0 < Kp; k0 += kLeaf) {
-        for (int c = 0; c < NR; ++c) {
-          const int64_t col = c < cols ? b.col[n0 + c] : -1;
-          float* d = panel + k0 * NR + c;
-          for (int64_t k = 0; k < kLeaf; ++k) {
-            const int64_t r = k0 + k < K ? b.row[k0 + k] : -1;
-            d[k * NR] = (r < 0 || col < 0) ? 0.0f : static_cast<float>(b.base[r + col]);
+      bool unit = cols == NR && b.col[n0] >= 0;
+      for (int c = 1; unit && c < NR; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
+      for (int64_t k = 0; k < Kp; ++k) {
+        float* d = panel + k * NR;
+        const int64_t r = k < K ? b.row[k] : -1;
+        if (r < 0) {
+          for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+        } else if (unit) {
+          const T* src = b.base + r + b.col[n0];
+          if constexpr (std::is_same<T, float>::value) {
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
+          } else {
+            for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
           }
+        } else {
+          for (int c = 0; c < NR; ++c) d[c] = c < cols ? at(b, k, n0 + c) : 0.0f;
         }
       }
     }
