@@ -131,6 +131,34 @@ template <typename T>
 void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, int64_t p1,
             float* dst) {
   at::parallel_for(p0, p1, 1, [&](int64_t lo, int64_t hi) {
+    // When every panel of the range has NR adjacent columns (B not transposed), the panels
+    // are filled row by row, so B's rows are read front to back: one stream, not one per panel.
+    bool all_unit = true;
+    for (int64_t p = lo; all_unit && p < hi; ++p) {
+      const int64_t n0 = p * NR;
+      all_unit = n0 + NR <= N && b.col[n0] >= 0;
+      for (int c = 1; all_unit && c < NR; ++c) all_unit = b.col[n0 + c] == b.col[n0] + c;
+    }
+    if (all_unit) {
+      for (int64_t k = 0; k < Kp; ++k) {
+        const int64_t r = k < K ? b.row[k] : -1;
+        for (int64_t p = lo; p < hi; ++p) {
+          float* d = dst + (p - p0) * Kp * NR + k * NR;
+          if (r < 0) {
+            for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+            continue;
+          }
+          const T* src = b.base + r + b.col[p * NR];
+          if constexpr (std::is_same<T, float>::value) {
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) vstore(d + j * VL, vload(src + j * VL));
+          } else {
+            for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
+          }
+        }
+      }
+      return;
+    }
     for (int64_t p = lo; p < hi; ++p) {
       float* panel = dst + (p - p0) * Kp * NR;
       const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
@@ -155,6 +183,19 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
       }
     }
   });
+}
+
+// MR adjacent floats (one k of a packed A panel read from A transposed).
+inline void copy_mr(const float* src, float* dst) {
+#if (defined(__AVX512F__) || defined(__AVX2__)) && !defined(__CUDACC__)
+  if constexpr (MR == 6) {  // 4 + 2 floats: GCC otherwise emits a memmove call or inserts
+    _mm_storeu_ps(dst, _mm_loadu_ps(src));
+    _mm_storel_pi(reinterpret_cast<__m64*>(dst + 4),
+                  _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(src + 4)));
+    return;
+  }
+#endif
+  for (int r = 0; r < MR; ++r) dst[r] = src[r];
 }
 
 // Decides per leaf how fp32 A is read (other dtypes are always packed).
@@ -200,24 +241,46 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   const int64_t mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
   constexpr bool kDirect = std::is_same<T, float>::value;
   const LeafPlan plan = plan_leaves(a.col, K, nleaves, kDirect);
-  std::vector<float> pa(static_cast<size_t>(mp * plan.packed * kLeaf * MR));
+  // Packed leaves of A, [A panel][packed leaf][k][MR]; every entry is written below, so the
+  // buffer is reused between calls (fresh pages cost as much as the packing itself).
+  thread_local std::vector<float> pa_buf;
+  const size_t pa_size = static_cast<size_t>(mp * plan.packed * kLeaf * MR);
+  if (pa_buf.size() < pa_size) pa_buf.resize(pa_size);
+  float* const pa = pa_buf.data();
   if (plan.packed > 0) {
     at::parallel_for(0, mp, 16, [&](int64_t lo, int64_t hi) {
+      // Panels whose MR rows are adjacent floats (A transposed: dW's activations).
+      std::vector<uint8_t> adjacent(static_cast<size_t>(hi - lo));
       for (int64_t p = lo; p < hi; ++p) {
-        float* dst = pa.data() + p * plan.packed * kLeaf * MR;
-        for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-          if (plan.kind[leaf] != kPacked) continue;
-          float* d = dst + plan.offset[leaf] * kLeaf * MR;
-          if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
+        const int64_t m0 = p * MR;
+        bool adj = m0 + MR <= M;
+        for (int r = 1; adj && r < MR; ++r) adj = a.row[m0 + r] == a.row[m0] + r;
+        adjacent[p - lo] = adj;
+      }
+      // Leaf-major: an evenly spaced leaf's 32 source rows stay in L1 while every panel of
+      // the range copies its MR columns from them, k by k, so they are read front to back.
+      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+        if (plan.kind[leaf] != kPacked) continue;
+        float* const dleaf = pa + plan.offset[leaf] * kLeaf * MR;
+        const int64_t panel_stride = plan.packed * kLeaf * MR;
+        if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
+          const float* const base = reinterpret_cast<const float*>(a.base) + plan.start[leaf];
+          const int64_t s = plan.stride[leaf];
+          for (int64_t k = 0; k < kLeaf; ++k)
+            for (int64_t p = lo; p < hi; ++p)
+              if (adjacent[p - lo]) copy_mr(base + a.row[p * MR] + k * s, dleaf + p * panel_stride + k * MR);
+          for (int64_t p = lo; p < hi; ++p) {
+            if (adjacent[p - lo]) continue;
+            float* d = dleaf + p * panel_stride;
             const float* src[MR];
-            for (int r = 0; r < MR; ++r)
-              src[r] = reinterpret_cast<const float*>(a.base) +
-                       a.row[std::min<int64_t>(p * MR + r, M - 1)] + plan.start[leaf];
-            const int64_t s = plan.stride[leaf];
+            for (int r = 0; r < MR; ++r) src[r] = base + a.row[std::min<int64_t>(p * MR + r, M - 1)];
             for (int64_t k = 0; k < kLeaf; ++k)
               for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k * s];
-            continue;
           }
+          continue;
+        }
+        for (int64_t p = lo; p < hi; ++p) {
+          float* d = dleaf + p * panel_stride;
           for (int64_t k = 0; k < kLeaf; ++k)
             for (int r = 0; r < MR; ++r) {
               const int64_t m = p * MR + r, kk = leaf * kLeaf + k;
@@ -269,7 +332,7 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
         for (int r = 0; r < MR; ++r)
           out[r] = in_place ? reinterpret_cast<float*>(c.base) + c.row[m0 + r] + c.col[n0]
                             : tile + r * NR;
-        micro_tile(rows, a.col, plan, pa.data() + ip * plan.packed * kLeaf * MR,
+        micro_tile(rows, a.col, plan, pa + ip * plan.packed * kLeaf * MR,
                    pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(),
                    c.bias != nullptr ? bias.data() + n0 : nullptr, out);
         if (in_place) continue;
@@ -282,20 +345,32 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   }
 }
 
-// Longest K (in leaves) one pass takes, so its B panel (512 x NR floats) stays
-// in L1/L2 (best of 4..64 on the model's dW shapes).  Longer K (dW over a
-// batch's rows) runs T(n)'s top levels as separate passes: the left ceil(n/2)
-// leaves and the right floor(n/2) are exactly the subtrees T(ceil(n/2)) and
-// T(floor(n/2)), summed into fp32 buffers and added once.  When the output is
+// Longest K (in leaves) one pass takes, so its B panel stays in L1/L2 (AVX-512:
+// 16 leaves, 512 x 64 floats, best of 4..64 on the model's dW shapes; AVX2: 8
+// leaves, 256 x 16 floats = 16 KiB, which leaves room in a 32 KiB L1 for the A
+// panel: 5-13% faster dW than 16 on an EPYC at the projection shapes).  Longer K
+// (dW over a batch's rows) runs T(n)'s top levels as separate passes: the left
+// ceil(n/2) leaves and the right floor(n/2) are exactly the subtrees T(ceil(n/2))
+// and T(floor(n/2)), summed into fp32 buffers and added once.  When the output is
 // large, each split costs a pass over it, so passes grow to 32 leaves.
-constexpr int64_t kBlockLeaves = 16, kBlockLeavesLargeOutput = 32;
+constexpr int64_t kBlockLeaves = NR >= 64 ? 16 : 8, kBlockLeavesLargeOutput = 32;
 constexpr int64_t kLargeOutputBytes = 1 << 20;
 
 // The subtree over leaves [leaf0, leaf0 + n) into dst (M x N, row-major fp32;
 // rowmajor: the tables that address it).
+// Split-pass buffers, one per recursion level (level 0: the full result), reused between
+// calls: every entry is overwritten by its pass, and fresh pages cost a page fault each.
+inline float* pass_buffer(int level, size_t size) {
+  thread_local std::vector<std::vector<float>> pool(64);
+  std::vector<float>& buf = pool[static_cast<size_t>(level)];
+  if (buf.size() < size) buf.resize(size);
+  return buf.data();
+}
+
 template <typename T>
 void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<float>& rowmajor,
-             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n, int64_t block_leaves) {
+             int64_t M, int64_t K, int64_t N, int64_t leaf0, int64_t n, int64_t block_leaves,
+             int level) {
   const int64_t k0 = leaf0 * kLeaf;
   if (n <= block_leaves) {
     const Gather<T> ap{a.base, a.row, a.col + k0}, bp{b.base, b.row + k0, b.col};
@@ -306,9 +381,9 @@ void subtree(const Gather<T>& a, const Gather<T>& b, float* dst, const Scatter<f
     return;
   }
   const int64_t left = (n + 1) / 2;
-  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left, block_leaves);
-  std::vector<float> right(static_cast<size_t>(M * N));
-  subtree(a, b, right.data(), rowmajor, M, K, N, leaf0 + left, n - left, block_leaves);
+  subtree(a, b, dst, rowmajor, M, K, N, leaf0, left, block_leaves, level + 1);
+  float* const right = pass_buffer(level + 1, static_cast<size_t>(M * N));
+  subtree(a, b, right, rowmajor, M, K, N, leaf0 + left, n - left, block_leaves, level + 1);
   at::parallel_for(0, M * N, 4096, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) dst[i] += right[i];
   });
@@ -348,14 +423,14 @@ void gemm(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int64_t M
   std::vector<int64_t> trow(static_cast<size_t>(M)), tcol(static_cast<size_t>(N));
   for (int64_t i = 0; i < M; ++i) trow[i] = i * N;
   for (int64_t j = 0; j < N; ++j) tcol[j] = j;
-  std::vector<float> full(static_cast<size_t>(M * N));
-  subtree(a, b, full.data(), Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves,
-          block_leaves);
+  float* const full = pass_buffer(0, static_cast<size_t>(M * N));
+  subtree(a, b, full, Scatter<float>{nullptr, trow.data(), tcol.data()}, M, K, N, 0, nleaves,
+          block_leaves, 0);
   bool unit = true;
   for (int64_t j = 1; unit && j < N; ++j) unit = c.col[j] == c.col[0] + j;
   at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      float* src = full.data() + i * N;
+      float* src = full + i * N;
       if (c.bias != nullptr)
         for (int64_t j = 0; j < N; ++j) src[j] += c.bias[j];
       O* orow = c.base + c.row[i];
