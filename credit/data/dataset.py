@@ -8,18 +8,17 @@ static fields; the target is the prognostic state plus diagnostic variables over
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
-import xarray as xr
 
 from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, open_store, parse_period,
                       resolve_glob, scan_file)
-from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem, nonfinite_problem
+from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem
+from .reader import VariableReader, sample_buffer
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +109,8 @@ class ERA5Dataset(torch.utils.data.Dataset):
         self._period_ns = parse_period(period)
         if statistics:
             self._load_statistics()
-        self._handles: dict[Path, xr.Dataset] = {}
-        self._handles_pid: int | None = None
+        self._reader = VariableReader(self._where, self._level_idx, self.levels, level_dim)
         self._static_cache: np.ndarray | None = None
-        self.open_count = 0
 
     # ------------------------------------------------------------------ validation
     def _files_with(self, role: str, var: str, want: tuple[str, ...]) -> list[FileInfo]:
@@ -264,57 +261,15 @@ class ERA5Dataset(torch.utils.data.Dataset):
         self._static_stats = cat(spec.static)
         self._target_stats = cat(spec.upper_air + spec.surface + spec.diagnostic)
 
-    # ---------------------------------------------------------------- file handles
-    def _handle(self, path: Path) -> xr.Dataset:
-        """The cached open dataset for ``path`` in this process (reopened after a fork)."""
-        if self._handles_pid != os.getpid():
-            self._handles, self._handles_pid = {}, os.getpid()  # inherited handles belong to the parent
-        ds = self._handles.get(path)
-        if ds is None:
-            ds = self._handles[path] = open_store(path, cache=False)
-            self.open_count += 1
-        return ds
+    # ---------------------------------------------------------------------- reading
+    @property
+    def open_count(self) -> int:
+        """Files this process has opened (once each; reopened after a fork)."""
+        return self._reader.files.open_count
 
     def close(self) -> None:
         """Close this process's file handles (they reopen on the next read)."""
-        if self._handles_pid == os.getpid():
-            for ds in self._handles.values():
-                ds.close()
-        self._handles = {}
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_handles={}, _handles_pid=None)  # handles never travel to another process
-        return state
-
-    # ---------------------------------------------------------------------- reading
-    def _read(self, var: str, times: np.ndarray, upper: bool) -> np.ndarray:
-        """Values of ``var`` at ``times`` (all present): (T, L, H, W) for upper-air, else (T, H, W)."""
-        t_all, infos, fidx, lidx = self._where[var]
-        pos = np.searchsorted(t_all, times)
-        out = []
-        for k in dict.fromkeys(fidx[pos]):  # files in time order
-            info, local = infos[k], lidx[pos[fidx[pos] == k]]
-            da = self._handle(info.path)[var]
-            tsel = slice(int(local[0]), int(local[-1]) + 1) if np.all(np.diff(local) == 1) else local
-            sel = {TIME_NAME: tsel}
-            if upper:
-                li = self._level_idx[(var, info.path)]
-                uniq = sorted(set(li))  # read increasing indices, then reorder to the requested order
-                # a slice reads the levels as one contiguous block (a list indexes them one by one)
-                contiguous = uniq == list(range(uniq[0], uniq[-1] + 1))
-                sel[self.level_dim] = slice(uniq[0], uniq[-1] + 1) if contiguous else uniq
-                arr = da.isel(sel).transpose(TIME_NAME, self.level_dim, info.lat_name, info.lon_name).values
-                if li != uniq:
-                    arr = arr[:, [uniq.index(i) for i in li]]
-            else:
-                arr = da.isel(sel).transpose(TIME_NAME, info.lat_name, info.lon_name).values
-            problem = nonfinite_problem(arr, var, info, times[fidx[pos] == k], self.levels if upper else None)
-            if problem:
-                raise NonFiniteData(problem)
-            out.append(arr)
-        arr = out[0] if len(out) == 1 else np.concatenate(out)
-        return arr.astype(np.float32, copy=False)
+        self._reader.files.close()
 
     def times_in_period(self, var: str) -> np.ndarray:
         """The times (int64 ns) of time-dependent `var` inside the period, in order."""
@@ -334,27 +289,20 @@ class ERA5Dataset(torch.utils.data.Dataset):
         """Un-normalized float32 values of time-dependent `var` at `times` (present in its
         files): (T, levels, H, W) for upper-air variables, else (T, H, W). Raises
         :class:`NonFiniteData` naming the file, variable and time of a NaN or inf."""
-        return self._read(var, np.asarray(times, np.int64), var in self.variables.upper_air)
+        return self._reader.read(var, np.asarray(times, np.int64), var in self.variables.upper_air)
 
     def read_static_raw(self, var: str) -> np.ndarray:
         """Un-normalized float32 (H, W) values of static `var`."""
-        info = self._static_info[var]
-        da = self._handle(info.path)[var]
-        if TIME_NAME in da.dims:
-            da = da.isel({TIME_NAME: 0})
-        values = da.transpose(info.lat_name, info.lon_name).values.astype(np.float32)
-        problem = nonfinite_problem(values[None], var, info, None, None)
-        if problem:
-            raise NonFiniteData(problem)
-        return values
+        return self._reader.read_static(var, self._static_info[var])
 
     def _norm(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """`(x - mean) / std` per channel (axis -3), in place: `x` is a buffer of this sample."""
         if not self.normalize:
             return x
-        mean, std = (s.astype(np.float32)[:, None, None] for s in stats)
-        x -= mean
-        x /= std
+        mean, std = (s.astype(np.float32) for s in stats)
+        for c in range(x.shape[-3]):  # one channel at a time: its second pass reads cache, not memory
+            x[..., c, :, :] -= mean[c]
+            x[..., c, :, :] /= std[c]
         return x
 
     def _static(self) -> np.ndarray:
@@ -391,32 +339,37 @@ class ERA5Dataset(torch.utils.data.Dataset):
         raise DataError("every sample of the period reads non-finite values (data.nonfinite=skip_sample)")
 
     def _sample(self, index: int) -> dict[str, torch.Tensor]:
-        """One sample, each variable read once and copied once into the sample's buffers (no
-        concatenation), normalized in place."""
+        """One sample, each variable read once into the sample's buffers (straight from the file
+        where it is plain float32, else with one copy), normalized in place."""
         spec, h, f = self.variables, self.history_len, self.forecast_len
         times = self._starts[index] + self.step_ns * np.arange(h + f)
-        state = np.empty((h, len(self.state_channel_names), *self.grid_shape), np.float32)
-        target = np.empty((f, len(self.target_channel_names), *self.grid_shape), np.float32)
+        state_t = sample_buffer((h, len(self.state_channel_names), *self.grid_shape))
+        target_t = sample_buffer((f, len(self.target_channel_names), *self.grid_shape))
+        forcing_t = sample_buffer((h + f, len(spec.forcing), *self.grid_shape))
+        static_t = sample_buffer((len(spec.static), *self.grid_shape))
+        state, target, forcing = state_t.numpy(), target_t.numpy(), forcing_t.numpy()
         channel = 0
         for var in spec.upper_air + spec.surface:
             upper = var in spec.upper_air
-            values = self._read(var, times, upper)
             width = len(self.levels) if upper else 1
-            values = values.reshape(h + f, width, *self.grid_shape)
-            state[:, channel:channel + width] = values[:h]
-            target[:, channel:channel + width] = values[h:]
+            dests = [*(state[i, channel:channel + width] for i in range(h)),
+                     *(target[i, channel:channel + width] for i in range(f))]
+            self._reader.read_into(var, times, upper, dests)
             channel += width
         for var in spec.diagnostic:
-            target[:, channel] = self._read(var, times[h:], False)
+            self._reader.read_into(var, times[h:], False, [target[i, channel:channel + 1] for i in range(f)])
             channel += 1
-        forcing = np.empty((h + f, len(spec.forcing), *self.grid_shape), np.float32)
         for k, var in enumerate(spec.forcing):
-            forcing[:, k] = self._read(var, times, False)
+            self._reader.read_into(var, times, False, [forcing[i, k:k + 1] for i in range(h + f)])
+        self._norm(state, self._state_stats)
+        self._norm(forcing, self._forcing_stats)
+        self._norm(target, self._target_stats)
+        static_t.numpy()[...] = self._static()
         return {
-            "state": torch.from_numpy(self._norm(state, self._state_stats)),
-            "forcing": torch.from_numpy(self._norm(forcing, self._forcing_stats)),
-            "static": torch.from_numpy(self._static().copy()),
-            "target": torch.from_numpy(self._norm(target, self._target_stats)),
+            "state": state_t,
+            "forcing": forcing_t,
+            "static": static_t,
+            "target": target_t,
             "time": torch.from_numpy(times.astype(np.int64)),
             "index": torch.tensor(index, dtype=torch.int64),
         }

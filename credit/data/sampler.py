@@ -110,9 +110,10 @@ def evenly_spaced(count: int, available: int) -> list[int]:
 
 
 def collate_samples(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into a batch; a batch of one sample in the loading process is a view of
-    it (no copy: at 0.25 degrees a sample is ~0.5 GB and a GPU often takes one at a time).
-    DataLoader workers stack as usual (the stack writes straight into shared memory)."""
-    if len(batch) == 1 and torch.utils.data.get_worker_info() is None:
+    """Stack samples into a batch; a batch of one sample is a view of it (no copy: at 0.25
+    degrees a sample is ~0.5 GB and a GPU often takes one at a time). In a DataLoader worker
+    a view costs no more than a stack either: a tensor not yet in shared memory is moved
+    there once when sent, and ERA5Dataset's sample buffers are there from the start."""
+    if len(batch) == 1:
         return {key: value.unsqueeze(0) for key, value in batch[0].items()}
     return torch.utils.data.default_collate(batch)

@@ -134,6 +134,39 @@ def test_dataloader_workers_reopen_their_own_handles(small_any_root):
     assert torch.equal(batches[0]["state"], direct) and ds.open_count == 3
 
 
+class _InWorker(torch.utils.data.Dataset):
+    """Samples of `ds`, with whether each tensor was in shared memory when the worker made it."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, index):
+        sample = self.ds[index]
+        shared = [sample[key].is_shared() for key in ("state", "forcing", "static", "target")]
+        return {**sample, "shared": torch.tensor(shared)}
+
+
+def test_worker_samples_are_made_in_shared_memory(small_any_root):
+    """A worker fills its sample in shared memory and sends a batch of one as a view of it:
+    no copy into shared memory on the way to the main process; the values are the same."""
+    from credit.data import collate_samples
+
+    ds = _make(small_any_root)
+    loader = torch.utils.data.DataLoader(_InWorker(ds), batch_size=1, num_workers=2, collate_fn=collate_samples,
+                                         multiprocessing_context="fork")
+    batches = list(loader)
+    assert len(batches) == len(ds)
+    for i, batch in enumerate(batches):
+        assert batch["shared"].all(), i
+        direct = ds[i]
+        assert not direct["state"].is_shared()  # the loading process keeps private memory
+        for key in ("state", "forcing", "static", "target", "time"):
+            assert torch.equal(batch[key][0], direct[key]), (i, key)
+
+
 def test_netcdf_and_zarr_mixed_in_one_dataset(small_root, small_zarr_root, tmp_path):
     """A glob may match .nc files and .zarr stores together: 2000 from netCDF, 2001 from zarr,
     the same samples as all-netCDF; files inside a store are never taken for data files."""
