@@ -64,16 +64,17 @@ def is_hdf5_file(path: Path) -> bool:
         return False
 
 
-def open_store(path: Path, cache: bool = True) -> xr.Dataset:
+def open_store(path: Path, cache: bool = True, bulk_reads: bool = False) -> xr.Dataset:
     """Open a netCDF file or a zarr store lazily (no dask: reads happen on indexing).
 
-    netCDF-4 (HDF5) files open through h5netcdf: it reads the same bytes through h5py,
-    3-10x faster than netCDF4-python's netCDF-C path for whole-field reads of large chunks
-    (benchmarks/data.py; the decoding is xarray's either way). netCDF-3 files, which h5py
-    cannot read, keep the netCDF4 engine."""
+    With `bulk_reads`, a netCDF-4 (HDF5) file opens through h5netcdf: it reads the same bytes
+    through h5py, 3-10x faster than netCDF4-python's netCDF-C path for whole fields in large
+    chunks (benchmarks/data.py; the decoding is xarray's either way), but opens ~4x slower,
+    so metadata reads (scans, statistics) keep the netCDF4 engine, as do netCDF-3 files,
+    which h5py cannot read."""
     if is_zarr_store(path):
         return xr.open_dataset(path, engine="zarr", chunks=None, cache=cache)
-    engine = "h5netcdf" if is_hdf5_file(path) else "netcdf4"
+    engine = "h5netcdf" if bulk_reads and is_hdf5_file(path) else "netcdf4"
     return xr.open_dataset(path, engine=engine, cache=cache)
 
 

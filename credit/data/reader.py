@@ -81,7 +81,7 @@ class OpenFiles:
         self._own()
         ds = self._xarray.get(path)
         if ds is None:
-            ds = self._xarray[path] = open_store(path, cache=False)
+            ds = self._xarray[path] = open_store(path, cache=False, bulk_reads=True)
             self._count(path)
         return ds
 

@@ -7,7 +7,8 @@ could be updated with different bits in different layouts. Each op here (multipl
 divide, square root by a tensor or a scalar) is one IEEE rounding in either loop, run as
 torch's list-wide `_foreach_*` ops (the same single-rounding op per element, fewer calls).
 Same state keys as `torch.optim.AdamW` (step, exp_avg, exp_avg_sq), so checkpoints load
-either way.
+either way. The update runs on local shards where the layouts allow
+(`credit.train.shard_local`): the same bits, without DTensor's sharding propagation.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
+from credit.train.shard_local import local_rows
 
 
 class ElementwiseAdamW(torch.optim.Optimizer):
@@ -35,19 +38,15 @@ class ElementwiseAdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(param)
                     state["exp_avg_sq"] = torch.zeros_like(param)
                 state["step"] += 1
-            # One list-wide call per op (the trainer sets `foreach` where DTensor's foreach
-            # ops accept the parameter mix), else the same ops parameter by parameter.
-            chunks = [live] if group.get("foreach") and live else [[p] for p in live]
-            for params in chunks:
-                self._update(params, group)
+            steps = [float(self.state[p]["step"]) for p in live]
+            rows = [[p, p.grad, self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"]] for p in live]
+            for chunk, _ in local_rows(rows, group.get("foreach")):  # the same ops either way
+                self._update([rows[k] for k in chunk], [steps[k] for k in chunk], group)
         return None
 
-    def _update(self, params: list[torch.Tensor], group: dict) -> None:
+    def _update(self, rows: list[list[torch.Tensor]], steps: list[float], group: dict) -> None:
         lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        grads = [p.grad for p in params]
-        exp_avg = [self.state[p]["exp_avg"] for p in params]
-        exp_avg_sq = [self.state[p]["exp_avg_sq"] for p in params]
-        steps = [float(self.state[p]["step"]) for p in params]
+        params, grads, exp_avg, exp_avg_sq = (list(column) for column in zip(*rows))
         if decay:
             torch._foreach_mul_(params, 1.0 - lr * decay)
         torch._foreach_mul_(exp_avg, beta1)

@@ -49,6 +49,7 @@ from credit.parallel import (
 )
 from credit.train.deterministic import forecast_sample_sums, global_loss
 from credit.train.elementwise_adamw import ElementwiseAdamW
+from credit.train.shard_local import ShardLocalAdamW
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
@@ -149,7 +150,7 @@ class Trainer:
     def _build_optimization(self) -> None:
         trainer, rt = self.cfg.trainer, self.runtime
         opt = trainer.optimizer
-        adamw = ElementwiseAdamW if self.deterministic else torch.optim.AdamW
+        adamw = ElementwiseAdamW if self.deterministic else ShardLocalAdamW
         self.optimizer = adamw(
             self.model.parameters(),
             lr=opt.lr,

@@ -46,7 +46,9 @@ def test_matches_torch_hook_style_spectral_norm_over_training_steps(make, shape)
         x = torch.randn(shape)
         advance_spectral_norm(ours)
         y, y_ref = ours(x), ref(x)
-        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+        # within 1e-5 of the output's largest entry: the two orders of the same float32 sums
+        # differ by a few ulps of the largest terms, more than 1e-5 relative near zero
+        assert (y - y_ref).abs().max() <= 1e-5 * y_ref.abs().max(), step
         y.square().sum().backward()
         y_ref.square().sum().backward()
         # elementwise within 1e-5 of the gradient's largest entry (sums reassociate)
