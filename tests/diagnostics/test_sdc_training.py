@@ -102,7 +102,7 @@ def test_injected_fault_is_caught_and_localized(tiny_overrides, tmp_path, kind, 
 # two 64-wide stages: whole 32-wide GEMM leaves per rank at tp=2, the smallest such model
 DETERMINISTIC = ["model.gemm=deterministic", "model.attn_dropout=0.1", "model.ff_dropout=0.1",
                  "model.dim=[64,64]", "model.dim_head=16", "trainer.batch_size=2",
-                 "trainer.max_steps=12", "trainer.checkpoint.every_n_steps=2",
+                 "trainer.max_steps=8", "trainer.checkpoint.every_n_steps=2",
                  "diagnostics.sdc.every_n_steps=1"]
 
 
@@ -115,7 +115,7 @@ def test_rollback_ends_with_the_bits_of_a_clean_run(tiny_overrides, tmp_path):
 
     clean, rolled = tmp_path / "clean", tmp_path / "rolled"
     assert "compute (24 Linear layers, one row each, bitwise)" in train(clean).stdout
-    assert _clean(_rows(clean)) >= 1000  # deterministic mode: zero false alarms, bit for bit
+    assert _clean(_rows(clean)) >= 600  # deterministic mode: zero false alarms, bit for bit
     train(rolled, "diagnostics.sdc.action=rollback", "diagnostics.sdc.inject.kind=gemm_output",
           "diagnostics.sdc.inject.layer=stages.1.layers.0.3.up", "diagnostics.sdc.inject.rank=1",
           "diagnostics.sdc.inject.step=5")
@@ -124,8 +124,8 @@ def test_rollback_ends_with_the_bits_of_a_clean_run(tiny_overrides, tmp_path):
         (5, 1, "stages.1.layers.0.3.up", "compute")
     assert rollback["event"] == "rollback" and rollback["checkpoint"].endswith("step_00000004")
     rows = _rows(rolled)
-    assert [r["step"] for r in rows] == [str(s) for s in range(1, 13)]  # replayed, nothing skipped
-    assert [r["sdc_rollbacks"] for r in rows] == ["0"] * 4 + ["1"] * 8
+    assert [r["step"] for r in rows] == [str(s) for s in range(1, 9)]  # replayed, nothing skipped
+    assert [r["sdc_rollbacks"] for r in rows] == ["0"] * 4 + ["1"] * 4
     assert [r["loss"] for r in rows] == [r["loss"] for r in _rows(clean)]
     result = subprocess.run([*COMPARE, str(clean), str(rolled), "--state-only"], capture_output=True,
                             text=True, env=ENV, timeout=300)
