@@ -57,15 +57,15 @@ def read_metrics(path: str | Path, split: str = "train") -> list[dict[str, str]]
 
 
 def plot_loss(metrics_path: str | Path, out_path: str | Path) -> None:
-    """Training loss per step (log scale) with validation loss points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Training loss per step (log scale) with validation loss points. A bare Figure (no
+    pyplot, no tight_layout: ~1 s less at the end of every run) with fixed margins."""
+    from matplotlib.figure import Figure
 
     train = read_metrics(metrics_path, "train")
     valid = read_metrics(metrics_path, "valid")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    fig.subplots_adjust(left=0.17, right=0.97, bottom=0.13, top=0.96)
+    ax = fig.add_subplot()
     ax.plot([int(r["step"]) for r in train], [float(r["loss"]) for r in train], label="train")
     points = [(int(r["step"]), float(r["loss"])) for r in valid if r["loss"]]
     if points:
@@ -75,7 +75,5 @@ def plot_loss(metrics_path: str | Path, out_path: str | Path) -> None:
     ax.set_ylabel("latitude-weighted MSE (normalized)")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
     fig.savefig(out_path, dpi=100)
-    plt.close(fig)
 
