@@ -29,8 +29,12 @@ LAYOUT ?= parallelism=fsdp2_tp2 trainer.batch_size=8 trainer.parallelism.reshard
 train: $(STAMP)
 	$(BIN)/credit train --nproc $(NPROC) $(LAYOUT) run_dir=$(RUN_DIR)
 
+# Two pytest workers, each taking whole files (module fixtures run once): the multi-rank
+# launches leave a core idle while they start up and wait on each other.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean-runs:
 	rm -rf runs

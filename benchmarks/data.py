@@ -13,8 +13,9 @@ Then, per format and DataLoader worker count (0, 2, 4; batch 1, a sample = 1 his
 target step, the default experiment's shape): samples/s with the page cache dropped first
 (cold: disk and decode; only as root) and again with the files cached (warm: decode and
 copy), the bytes read per sample (`rchar` of /proc/self/io, 0 workers), and for one
-sample the share of `__getitem__` spent in the reads (xarray/netCDF/zarr decode) against
-assembling and normalizing the sample.
+sample the share of `__getitem__` spent reading its variables (the dataset's reads into
+fresh buffers: h5py straight into them for netCDF, xarray decode and a copy for zarr)
+against allocating, normalizing and checking the sample.
 
 Assumed GPU step: 0.4 s per sample. A wxformer of ~200M parameters over the 0.25-degree
 grid with 4 x 4 patches sees 721 x 1440 / 16 ~ 65k tokens; forward + backward is about
@@ -183,8 +184,9 @@ def main() -> None:
             ds = dataset(root, fmt, args.times)
             whole, reads, read_bytes = anatomy(ds, 0)
             sample_bytes = sum(t.numel() * t.element_size() for t in ds[0].values())
-            notes.append(f"{fmt}: one warm sample {whole * 1e3:.0f} ms, of which variable reads (decode) "
-                         f"{reads * 1e3:.0f} ms and assembly/normalization {(whole - reads) * 1e3:.0f} ms; "
+            notes.append(f"{fmt}: one warm sample {whole * 1e3:.0f} ms, of which variable reads "
+                         f"{reads * 1e3:.0f} ms and the rest (allocation, normalization, checks) "
+                         f"{(whole - reads) * 1e3:.0f} ms; "
                          f"{read_bytes / 2**20:.0f} MiB read from files per sample "
                          f"(the sample holds {sample_bytes / 2**20:.0f} MiB)")
             for w in workers:

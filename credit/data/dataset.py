@@ -289,7 +289,11 @@ class ERA5Dataset(torch.utils.data.Dataset):
         """Un-normalized float32 values of time-dependent `var` at `times` (present in its
         files): (T, levels, H, W) for upper-air variables, else (T, H, W). Raises
         :class:`NonFiniteData` naming the file, variable and time of a NaN or inf."""
-        return self._reader.read(var, np.asarray(times, np.int64), var in self.variables.upper_air)
+        times = np.asarray(times, np.int64)
+        upper = var in self.variables.upper_air
+        out = np.empty((len(times), *((len(self.levels),) if upper else ()), *self.grid_shape), np.float32)
+        self._reader.read_into(var, times, upper, [out[i] if upper else out[i][None] for i in range(len(times))])
+        return out
 
     def read_static_raw(self, var: str) -> np.ndarray:
         """Un-normalized float32 (H, W) values of static `var`."""

@@ -168,12 +168,13 @@ class VariableReader:
         t_all, infos, fidx, lidx = self._where[var]
         pos = np.searchsorted(t_all, times)
         levels = self._levels if upper else None
-        for t, p, dest in zip(times, pos, dests):
+        through_xarray = []
+        for k, (t, p, dest) in enumerate(zip(times, pos, dests)):
             info, local = infos[fidx[p]], int(lidx[p])
             want = ((TIME_NAME, self._level_dim) if upper else (TIME_NAME,)) + (info.lat_name, info.lon_name)
             source = self.files.direct(info.path, var, info.dims[var], want)
             if source is None:
-                dest[...] = self._read_file(var, info, np.array([local]), np.array([t]), upper)[0]
+                through_xarray.append(k)
                 continue
             if upper:
                 li = self._level_idx[(var, info.path)]
@@ -187,6 +188,10 @@ class VariableReader:
             problem = nonfinite_problem(dest[None], var, info, np.array([t]), levels)
             if problem:
                 raise NonFiniteData(problem)
+        if through_xarray:  # one read per file for all its times (zarr: one call, not one per chunk)
+            values = self.read(var, times[through_xarray], upper)
+            for k, value in zip(through_xarray, values):
+                dests[k][...] = value
 
     def read_static(self, var: str, info: FileInfo) -> np.ndarray:
         """Float32 (H, W) values of static ``var`` of ``info`` (its first time if it has a time axis)."""
