@@ -33,18 +33,3 @@ def tiny_overrides(tiny_data):
         return _tiny_overrides(tiny_data, f"run_dir={run_dir}", *extra)
 
     return make
-
-
-# Folders whose files launch multi-rank runs, heaviest first. `make test` runs two xdist
-# workers that each take whole files in collection order; a long file collected last would
-# run alone at the end, so these go first (the order inside each file is kept).
-_HEAVY_FIRST = ("train", "diagnostics", "parallel", "rollout")
-_TESTS = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def weight(item: pytest.Item) -> int:
-        folder = item.path.resolve().relative_to(_TESTS).parts[0]
-        return _HEAVY_FIRST.index(folder) if folder in _HEAVY_FIRST else len(_HEAVY_FIRST)
-
-    items.sort(key=weight)
