@@ -1,6 +1,7 @@
 """Data layer: ERA5-layout dataset reader, synthetic generator, data-parallel sampler, and
 the adapter from `data.*` to datasets and the model's data layout."""
 
+from .buffers import recycled
 from .catalog import DataError
 from .dataset import ERA5Dataset, VariableSpec
 from .from_config import build_dataset, ensure_dataset, model_layout, variable_spec
@@ -20,5 +21,6 @@ __all__ = [
     "generate_dataset",
     "latitude_weights",
     "model_layout",
+    "recycled",
     "variable_spec",
 ]

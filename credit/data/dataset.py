@@ -18,7 +18,8 @@ import torch
 from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, open_store, parse_period,
                       resolve_glob, scan_file)
 from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem
-from .reader import VariableReader, sample_buffer
+from .buffers import sample_buffer
+from .reader import VariableReader
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 import xarray as xr
 
 from .catalog import TIME_NAME, FileInfo, is_hdf5_file, open_store
 from .integrity import NonFiniteData, nonfinite_problem
 
-__all__ = ["OpenFiles", "VariableReader", "plain_float32", "sample_buffer"]
+__all__ = ["OpenFiles", "VariableReader", "plain_float32"]
 
 _DECODED_ATTRS = ("scale_factor", "add_offset", "missing_value")
 
@@ -38,18 +37,6 @@ def plain_float32(var: h5py.Dataset) -> bool:
         return False
     fill = var.attrs.get("_FillValue")
     return fill is None or bool(np.all(np.isnan(np.asarray(fill, np.float64))))
-
-
-def sample_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialized float32 tensor for one sample. In a DataLoader worker it lives in
-    shared memory from the start, so that handing it to the main process moves no bytes (a
-    private-memory tensor is copied into shared memory there: another pass over the sample);
-    the same allocation torch's default collate makes in a worker."""
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.float32)
-    numel = int(np.prod(shape))
-    storage = torch.UntypedStorage._new_shared(numel * 4)
-    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
 
 
 class OpenFiles:

@@ -8,6 +8,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .buffers import release
+
 
 class DPShardedBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield this data-parallel rank's batches of sample indices.
@@ -113,7 +115,10 @@ def collate_samples(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     """Stack samples into a batch; a batch of one sample is a view of it (no copy: at 0.25
     degrees a sample is ~0.5 GB and a GPU often takes one at a time). In a DataLoader worker
     a view costs no more than a stack either: a tensor not yet in shared memory is moved
-    there once when sent, and ERA5Dataset's sample buffers are there from the start."""
+    there once when sent, and ERA5Dataset's sample buffers are there from the start. Samples
+    stacked into a new batch release their pooled buffers for reuse (see `buffers`)."""
     if len(batch) == 1:
         return {key: value.unsqueeze(0) for key, value in batch[0].items()}
-    return torch.utils.data.default_collate(batch)
+    stacked = torch.utils.data.default_collate(batch)
+    release(batch)
+    return stacked

@@ -33,6 +33,7 @@ from credit.data import (
     evenly_spaced,
     latitude_weights,
     model_layout,
+    recycled,
 )
 from credit.kernels.gemm._tree import tree_sum
 from credit.models import EMA, advance_spectral_norm, build_model
@@ -413,7 +414,7 @@ class Trainer:
             trainer.log_every_n_steps,
         )
         samples = self.sampler.global_batch_size * trainer.grad_accum_steps
-        batches = iter(self.loader)
+        batches = recycled(self.loader)
         results: dict[str, float] = {}
         sdc = SDCResponse(self.cfg.diagnostics.sdc.action, self.step, self.run_dir / "sdc.jsonl",
                            self.runtime.is_main)
@@ -433,7 +434,7 @@ class Trainer:
                 self.sdc.note({"event": "rollback", "step": self.step, "checkpoint": str(rollback_to)})
                 self.load(rollback_to)
                 self._build_loaders()
-                batches, metrics = iter(self.loader), self._open_metrics()
+                batches, metrics = recycled(self.loader), self._open_metrics()
                 continue
             last = self.step == stop_at
             if self._due(trainer.valid_every_n_steps, last):
