@@ -1,5 +1,5 @@
 """Reading variables' values from the files the catalog found: one process's open files, and
-the direct read of plain netCDF-4 variables into a buffer.
+the direct read of plain netCDF-4 variables (and plain zarr v2 arrays) into a buffer.
 
 Handles open lazily, once per file and process, and are reopened after a fork (a DataLoader
 worker never uses its parent's). ``open_count`` counts the files opened.
@@ -9,8 +9,9 @@ return a fresh array that the sample then copies, which at 0.25 degrees is a sec
 ~0.4 GiB per sample (benchmarks/data.py). A variable of a netCDF-4 (HDF5) file is read by
 h5py straight into the caller's buffer when xarray would hand back the stored values
 unchanged: float32, no ``scale_factor``/``add_offset``/``missing_value``, ``_FillValue``
-absent or NaN, and dims already in the sample's order. Anything else (packed integers, fill
-values, transposed dims, netCDF-3, zarr) goes through xarray, which decodes it.
+absent or NaN, and dims already in the sample's order; a plain zarr v2 array's chunks are
+decoded straight into it (`zarr_direct.py`). Anything else (packed integers, fill values,
+transposed dims, netCDF-3, zarr v3) goes through xarray, which decodes it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import h5py
 import numpy as np
 import xarray as xr
 
-from .catalog import TIME_NAME, FileInfo, is_hdf5_file, open_store
+from .catalog import TIME_NAME, FileInfo, is_hdf5_file, is_zarr_store, open_store
 from .integrity import NonFiniteData, nonfinite_problem
+from .zarr_direct import ZarrChunks
 
 __all__ = ["OpenFiles", "VariableReader", "plain_float32"]
 
@@ -50,7 +52,7 @@ class OpenFiles:
     def _reset(self) -> None:
         self._xarray: dict[Path, xr.Dataset] = {}
         self._h5: dict[Path, h5py.File | None] = {}
-        self._direct: dict[tuple[Path, str], h5py.Dataset | None] = {}
+        self._direct: dict[tuple[Path, str], h5py.Dataset | ZarrChunks | None] = {}
         self._opened: set[Path] = set()
 
     def _own(self) -> None:
@@ -72,9 +74,11 @@ class OpenFiles:
             self._count(path)
         return ds
 
-    def direct(self, path: Path, var: str, dims: tuple[str, ...], want: tuple[str, ...]) -> h5py.Dataset | None:
-        """h5py's `var` of `path` when it can be read straight into a float32 buffer laid out
-        as `want` (`dims`: its dims in the file); None when it must go through xarray."""
+    def direct(self, path: Path, var: str, dims: tuple[str, ...],
+               want: tuple[str, ...]) -> h5py.Dataset | ZarrChunks | None:
+        """A reader of `var` of `path` straight into a float32 buffer laid out as `want` (`dims`:
+        its dims in the file): h5py's dataset for netCDF-4, `ZarrChunks` for a plain zarr v2
+        array; None when it must go through xarray."""
         self._own()
         key = (path, var)
         if key not in self._direct:
@@ -86,6 +90,10 @@ class OpenFiles:
                 candidate = self._h5[path].get(var)
                 if isinstance(candidate, h5py.Dataset) and plain_float32(candidate):
                     found = candidate
+            elif dims == want and is_zarr_store(path):
+                found = ZarrChunks.open(path, var, want)
+                if found is not None:
+                    self._count(path)
             self._direct[key] = found
         return self._direct[key]
 
@@ -151,7 +159,8 @@ class VariableReader:
     def read_into(self, var: str, times: np.ndarray, upper: bool, dests: Sequence[np.ndarray]) -> None:
         """Values of ``var`` at each of ``times`` into ``dests`` (one C-contiguous float32
         ``(levels, H, W)`` or ``(1, H, W)`` buffer per time): plain netCDF-4 variables straight
-        from h5py, the rest through xarray and one copy."""
+        from h5py, plain zarr v2 chunks decoded straight in, the rest through xarray and one
+        copy."""
         t_all, infos, fidx, lidx = self._where[var]
         pos = np.searchsorted(t_all, times)
         levels = self._levels if upper else None
@@ -160,7 +169,7 @@ class VariableReader:
             info, local = infos[fidx[p]], int(lidx[p])
             want = ((TIME_NAME, self._level_dim) if upper else (TIME_NAME,)) + (info.lat_name, info.lon_name)
             source = self.files.direct(info.path, var, info.dims[var], want)
-            if source is None:
+            if source is None or (isinstance(source, ZarrChunks) and not source.has_chunk(local)):
                 through_xarray.append(k)
                 continue
             if upper:
