@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,13 +38,26 @@ CREDIT_DEBUG=1) shows the traceback of an unexpected one.
 PROBE_FLAGS = {"--layers": 8, "--dim": 64, "--iterations": 10}
 
 
+_WORKER_ERROR = re.compile(r"Caught \w+ in (DataLoader worker process \d+)\.\nOriginal Traceback")
+
+
+def _one_line(message: str) -> str:
+    """`message`, or for an error torch's DataLoader re-raised from a worker (the worker's
+    whole traceback as the message) the worker's own one-line message and which worker."""
+    worker = _WORKER_ERROR.match(message)
+    if worker is None:
+        return message
+    last = message.rstrip().splitlines()[-1]  # "package.ErrorType: the message"
+    return f"{last.split(': ', 1)[-1]} (in {worker.group(1)})"
+
+
 def _fail(message: str, every_rank: bool = True) -> int:
     """One `error:` line and exit code 2. An error every rank reaches alike (a config value)
     is printed by rank 0 only (`every_rank=False`)."""
     import os
 
     if every_rank or os.environ.get("RANK", "0") == "0":
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_one_line(message)}", file=sys.stderr)
     return 2
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 
+from .catalog import DataError
+
 __all__ = ["ZarrChunks"]
 
 _DECODED_ATTRS = ("scale_factor", "add_offset", "missing_value", "_FillValue")
@@ -77,13 +79,14 @@ class ZarrChunks:
         """Time step ``t``'s whole chunk into the C-contiguous float32 ``out``."""
         path, flat = self._chunk_path(t), out.reshape(-1)
         nbytes = math.prod(self.shape[1:]) * 4
-        if flat.nbytes != nbytes or not out.flags.c_contiguous:
+        if flat.nbytes != nbytes or not out.flags.c_contiguous:  # a caller's bug, not the data's
             raise ValueError(f"{path}: a {nbytes}-byte C-contiguous buffer is needed")
         if self.codec is None:  # stored raw: straight from the file into the buffer
             with open(path, "rb") as handle:
                 got = handle.readinto(memoryview(flat).cast("B"))
             if got != nbytes:
-                raise ValueError(f"{path}: chunk holds {got} bytes, {nbytes} expected")
+                raise DataError(f"damaged zarr chunk {path} (variable {self.folder.name!r}, time index {t}): "
+                                f"holds {got} bytes, an uncompressed chunk has {nbytes}")
             return
         with open(path, "rb") as handle:  # into a reused buffer: fresh bytes cost their page faults
             size = os.fstat(handle.fileno()).st_size
@@ -91,8 +94,12 @@ class ZarrChunks:
                 ZarrChunks._raw = np.empty(size, np.uint8)
             got = handle.readinto(memoryview(ZarrChunks._raw)[:size])
         if got != size:
-            raise ValueError(f"{path}: read {got} of {size} bytes")
-        self.codec.decode(memoryview(ZarrChunks._raw)[:size], out=flat)
+            raise DataError(f"zarr chunk {path} changed while read: {got} of {size} bytes")
+        try:
+            self.codec.decode(memoryview(ZarrChunks._raw)[:size], out=flat)
+        except Exception as err:  # numcodecs raises RuntimeError/ValueError by codec
+            raise DataError(f"damaged zarr chunk {path} (variable {self.folder.name!r}, time index {t}): "
+                            f"{self.codec.codec_id} cannot decode its {size} bytes ({err})") from err
 
     def read_direct(self, dest: np.ndarray, selection: int | tuple) -> None:
         """``dest[...] = var[selection]`` for ``selection`` = time or (time, level index or

@@ -17,7 +17,7 @@ import pytest
 import xarray as xr
 from datahelpers import FILES, SPEC, ZARR_FILES
 
-from credit.data import ERA5Dataset
+from credit.data import DataError, ERA5Dataset
 from credit.data.integrity import NonFiniteData
 from credit.data.zarr_direct import ZarrChunks
 
@@ -59,17 +59,21 @@ def _rewrite(src, dst, how: str) -> None:
         ds.to_netcdf(dst / name, encoding=encoding, **kwargs)
 
 
+def _assert_same_samples(original: ERA5Dataset, variant: ERA5Dataset, how: str) -> None:
+    assert len(variant) == len(original) == 6
+    for i in range(len(original)):
+        want, got = original[i], variant[i]
+        for key in ("state", "forcing", "static", "target", "time"):
+            assert np.array_equal(got[key].numpy(), want[key].numpy()), (how, i, key)
+
+
 @pytest.mark.parametrize("how", ["packed", "fill", "float64", "transposed", "netcdf3", "compressed",
                                  "levels_descending"])
 def test_every_layout_reads_the_same_samples(small_root, tmp_path, how):
     original = _dataset(small_root)
     _rewrite(small_root, tmp_path / how, how)
     variant = _dataset(tmp_path / how)
-    assert len(variant) == len(original) == 6
-    for i in range(len(original)):
-        want, got = original[i], variant[i]
-        for key in ("state", "forcing", "static", "target", "time"):
-            assert np.array_equal(got[key].numpy(), want[key].numpy()), (how, i, key)
+    _assert_same_samples(original, variant, how)
 
 
 def test_a_fill_value_in_the_file_is_read_as_missing(small_root, tmp_path):
@@ -139,11 +143,7 @@ def test_every_zarr_layout_reads_the_same_samples(small_root, small_zarr_root, t
     store = tmp_path / how / "era5_2000.zarr"
     dims = ("time", "level", "latitude", "longitude")
     assert isinstance(variant._reader.files.direct(store, "U", dims, dims), ZarrChunks) == ZARR_DIRECT[how]
-    assert len(variant) == len(original) == 6
-    for i in range(len(original)):
-        want, got = original[i], variant[i]
-        for key in ("state", "forcing", "static", "target", "time"):
-            assert np.array_equal(got[key].numpy(), want[key].numpy()), (how, i, key)
+    _assert_same_samples(original, variant, how)
 
 
 def test_an_absent_zarr_chunk_reads_as_xarray_reads_it(small_zarr_root, tmp_path):
@@ -155,3 +155,14 @@ def test_an_absent_zarr_chunk_reads_as_xarray_reads_it(small_zarr_root, tmp_path
     with xr.open_dataset(root / "era5_2000.zarr", engine="zarr") as raw:
         want = raw["T"].isel(time=slice(0, 4)).sel(level=list(LEVELS_REQ)).values
     assert np.array_equal(ds.read_raw("T", times), want, equal_nan=True)
+
+
+def test_a_damaged_zarr_chunk_is_named(small_zarr_root, tmp_path):
+    root = tmp_path / "damaged"
+    shutil.copytree(small_zarr_root, root)
+    chunk = root / "era5_2000.zarr" / "T" / "2.0.0.0"
+    chunk.write_bytes(chunk.read_bytes()[:40])  # truncated: blosc cannot decode it
+    ds = _dataset(root, files=ZARR_FILES)
+    with pytest.raises(DataError, match=r"damaged zarr chunk .*T/2\.0\.0\.0 \(variable 'T', time index 2\)"):
+        ds[0]
+    assert np.isfinite(ds[len(ds) - 1]["state"].numpy()).all()  # samples without that time read fine

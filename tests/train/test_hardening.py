@@ -197,6 +197,20 @@ def test_nan_in_the_data_is_named_when_read_or_skipped_and_counted(poisoned_data
     assert skipped > 0 and "training samples with non-finite values were skipped" in out
 
 
+def test_a_data_error_in_a_loader_worker_is_one_line_naming_the_worker(poisoned_data, tmp_path, capsys):
+    """torch re-raises a worker's error with the worker's whole traceback as its message; the
+    CLI prints the worker's own line."""
+    from tiny import tiny_overrides
+
+    overrides = tiny_overrides(poisoned_data, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=2",
+                               "data.num_workers=2")
+    assert credit_main(["train", *overrides]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"non-finite values (NaN first) in 'T' of {poisoned_data / 'era5_2000.nc'}" in line
+    assert line.endswith("(in DataLoader worker process 0)") or line.endswith("(in DataLoader worker process 1)")
+    assert "Traceback" not in line
+
+
 def test_a_diverging_loss_says_the_inputs_were_finite(tiny_overrides, tmp_path, capsys):
     run = tmp_path / "run"
     code = credit_main(["train", *tiny_overrides(run, "trainer.max_steps=6", "trainer.optimizer.lr=1e30",
