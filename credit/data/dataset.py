@@ -18,7 +18,7 @@ import torch
 from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, open_store, parse_period,
                       resolve_glob, scan_file)
 from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem
-from .buffers import sample_buffer
+from .buffers import release, sample_buffer
 from .reader import VariableReader
 
 log = logging.getLogger(__name__)
@@ -348,11 +348,23 @@ class ERA5Dataset(torch.utils.data.Dataset):
         where it is plain float32, else with one copy), normalized in place."""
         spec, h, f = self.variables, self.history_len, self.forecast_len
         times = self._starts[index] + self.step_ns * np.arange(h + f)
-        state_t = sample_buffer((h, len(self.state_channel_names), *self.grid_shape))
-        target_t = sample_buffer((f, len(self.target_channel_names), *self.grid_shape))
-        forcing_t = sample_buffer((h + f, len(spec.forcing), *self.grid_shape))
-        static_t = sample_buffer((len(spec.static), *self.grid_shape))
-        state, target, forcing = state_t.numpy(), target_t.numpy(), forcing_t.numpy()
+        buffers = {
+            "state": sample_buffer((h, len(self.state_channel_names), *self.grid_shape)),
+            "forcing": sample_buffer((h + f, len(spec.forcing), *self.grid_shape)),
+            "static": sample_buffer((len(spec.static), *self.grid_shape)),
+            "target": sample_buffer((f, len(self.target_channel_names), *self.grid_shape)),
+        }
+        try:
+            self._fill(times, *(buffers[key].numpy() for key in ("state", "forcing", "static", "target")))
+        except BaseException:
+            release(list(buffers.values()))  # never handed on (e.g. non-finite): reusable at once
+            raise
+        return {**buffers, "time": torch.from_numpy(times.astype(np.int64)),
+                "index": torch.tensor(index, dtype=torch.int64)}
+
+    def _fill(self, times: np.ndarray, state: np.ndarray, forcing: np.ndarray, static: np.ndarray,
+              target: np.ndarray) -> None:
+        spec, h, f = self.variables, self.history_len, self.forecast_len
         channel = 0
         for var in spec.upper_air + spec.surface:
             upper = var in spec.upper_air
@@ -369,15 +381,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
         self._norm(state, self._state_stats)
         self._norm(forcing, self._forcing_stats)
         self._norm(target, self._target_stats)
-        static_t.numpy()[...] = self._static()
-        return {
-            "state": state_t,
-            "forcing": forcing_t,
-            "static": static_t,
-            "target": target_t,
-            "time": torch.from_numpy(times.astype(np.int64)),
-            "index": torch.tensor(index, dtype=torch.int64),
-        }
+        static[...] = self._static()
 
     # ------------------------------------------------------------------- metadata
     def _channels(self, upper: Sequence[str], flat: Sequence[str]) -> list[str]:

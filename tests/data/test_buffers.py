@@ -84,3 +84,24 @@ def test_stacked_batches_from_workers(small_root):
         for j in range(3):
             for key in KEYS:
                 assert torch.equal(batch[key][j], reference[order[3 * b + j]][key]), (b, j, key)
+
+
+def test_buffers_of_samples_that_failed_are_reused(small_root, tmp_path):
+    """Samples refused as non-finite (data.nonfinite=skip_sample) give their buffers back at
+    once: a worker's pool does not fill up with buffers nobody will release."""
+    import shutil
+
+    import numpy as np
+    import xarray as xr
+
+    root = tmp_path / "poisoned"
+    shutil.copytree(small_root, root)
+    with xr.open_dataset(root / "era5_2000.nc") as ds:
+        edited = ds.load()
+    edited["T"][:4] = np.nan  # samples 0-3 read a NaN; 4 and 5 do not
+    edited.to_netcdf(root / "era5_2000.nc")
+    ds = ERA5Dataset(root, files=files_for(root), variables=SPEC, levels=(500, 850),
+                     period=("2000-01-01", "2000-01-02"), history_len=2, forecast_len=1, nonfinite="skip_sample")
+    order = list(range(len(ds))) * 6  # each of 0-3 fails up to 4 times: many more buffers than a pool holds
+    uses = [hand_outs(batch["state"]) for batch in recycled(_loader(ds, order))]
+    assert all(u > 1 for u in uses[-6:]), uses  # still reused at the end
