@@ -203,14 +203,17 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, 
     killed = tmp_path / "killed"
     launch = [sys.executable, "-m", "credit.cli", "train", "--nproc", "4", *run_2x2["base"],
               "trainer.max_steps=12", f"run_dir={killed}"]  # checkpoints every 6 steps
-    agent = subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The ranks run at the lowest priority, so that on a loaded machine this watcher still
+    # sees step 7 logged and kills before the run can reach its step-12 checkpoint.
+    agent = subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: os.nice(19))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = killed / "metrics.csv"
         if metrics.exists() and len(metrics.read_text().splitlines()) > 7:  # 7 steps logged
             os.kill(_children(agent.pid)[-1], signal.SIGKILL)  # the last rank
             break
-        time.sleep(0.05)
+        time.sleep(0.01)
     assert agent.wait(timeout=120) != 0
     stopped_at = CheckpointManager(killed / "checkpoints", 2).complete_checkpoints()[-1][0]
     assert 6 <= stopped_at < 12

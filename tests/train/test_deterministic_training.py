@@ -110,8 +110,9 @@ def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, t
                                      f"trainer.parallelism.tensor={tp}",
                                      f"trainer.parallelism.data={data}")]
 
+    # lowest priority for the ranks: on a loaded machine this watcher still kills in time
     agent = subprocess.Popen(launch(2, 2, "fsdp2"), env=ENV, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19))
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = run / "metrics.csv"
