@@ -1,0 +1,102 @@
+"""Read a checkpoint written by CREDIT and load it into this project's model.
+
+CREDIT's trainer saves `{"epoch", "model_state_dict", "optimizer_state_dict", ...}`; a
+bare state dict, a DDP `module.` prefix and FSDP's `_fsdp_wrapped_module.` /
+`_checkpoint_wrapped_module.` prefixes are accepted too. The weights go through
+`remap_conv_state_dict` (older convolutional layout -> Linear, `weight_orig` -> `weight`)
+and load strictly: a missing or unexpected key, or a shape that differs, is an error
+naming the keys. `cube_embedding.*` (CREDIT's crossformer builds it, and at patch size 1
+never uses it) is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.credit_remap import remap_conv_state_dict
+
+# path components that DDP, torch.compile, FSDP1 and activation checkpointing insert
+_WRAPPERS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+_UNUSED_PREFIXES = ("cube_embedding.",)
+
+
+class CreditCheckpointError(ValueError):
+    """A CREDIT checkpoint or config that cannot be loaded; the message names the file."""
+
+
+def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """The `model:` section of a CREDIT config (a path to its YAML, or the dict; a dict
+    without `model:` is taken as the section itself)."""
+    if isinstance(source, Mapping):
+        data, where = dict(source), "the given config"
+    else:
+        where = str(source)
+        try:
+            data = OmegaConf.to_container(OmegaConf.load(Path(source)), resolve=False)
+        except Exception as exc:  # OSError, or omegaconf's/yaml's parse errors
+            raise CreditCheckpointError(f"{where}: cannot read the CREDIT config ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise CreditCheckpointError(f"{where}: a CREDIT config is a mapping with a model: section")
+    section = data.get("model", data)
+    if not isinstance(section, Mapping) or "type" not in section:
+        raise CreditCheckpointError(f"{where}: no model: section with a type (crossformer or wxformer_next)")
+    return dict(section)
+
+
+def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights of a CREDIT checkpoint file, wrapper prefixes removed."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises many types for a damaged or foreign file
+        raise CreditCheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from None
+    if isinstance(blob, Mapping) and "model_state_dict" in blob:
+        blob = blob["model_state_dict"]
+    elif isinstance(blob, Mapping) and isinstance(blob.get("model"), Mapping):
+        blob = blob["model"]
+    if not isinstance(blob, Mapping) or not all(isinstance(v, torch.Tensor) for v in blob.values()):
+        raise CreditCheckpointError(f"{path}: holds neither CREDIT's checkpoint container "
+                                    f"(model_state_dict) nor a state dict of tensors")
+    state = {}
+    for key, tensor in blob.items():
+        key = ".".join(part for part in key.split(".") if part not in _WRAPPERS)
+        if not key.startswith(_UNUSED_PREFIXES):
+            state[key] = tensor
+    return state
+
+
+def load_credit_weights(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Remap and load strictly; one error naming what differs."""
+    state = remap_conv_state_dict(state)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} missing (e.g. {missing[:3]})")
+        if unexpected:
+            problems.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        if shapes:
+            k = shapes[0]
+            problems.append(f"{len(shapes)} of another shape (e.g. {k}: checkpoint "
+                            f"{tuple(state[k].shape)}, model {tuple(own[k].shape)})")
+        raise CreditCheckpointError(f"{where}: the weights do not fit the model the config describes: "
+                                    + "; ".join(problems) + " -- is this the config the checkpoint was trained with?")
+    model.load_state_dict(state)
+
+
+def from_credit(credit_config: str | Path | Mapping[str, Any], checkpoint: str | Path) -> nn.Module:
+    """CREDIT's model as its config describes it, with the checkpoint's weights, in eval
+    mode. It takes and returns CREDIT's layout: (B, C, T, H, W) -> (B, C_out, 1, H, W)."""
+    kind, values = resolve_credit_model(read_credit_model_section(credit_config))
+    model = build_credit_model(kind, values)
+    load_credit_weights(model, read_credit_state_dict(checkpoint), str(checkpoint))
+    return model.eval()

@@ -1,0 +1,295 @@
+"""The building blocks of CREDIT's `crossformer` and `wxformer_next`, with CREDIT's
+state-dict keys and arithmetic.
+
+Every projection is an `nn.Linear` over channels-last tokens (CREDIT's newest layout; its
+older 1x1 convolutions load through `credit.models.credit_checkpoint`), and each
+tensor-parallel block declares its `_tp_plan` beside it. A transformer stage permutes to
+channels-last once and back once, so the channel LayerNorm (`norm.g`, `norm.b`, shaped
+(1, C, 1, 1) as CREDIT stores them) runs as `F.layer_norm` over the last dimension.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from credit.config.validate import heads_split_error
+
+
+class ChannelLayerNorm(nn.Module):
+    """LayerNorm over channels with CREDIT's parameter names and shapes, applied to a
+    channels-last tensor (..., C)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.g = nn.Parameter(torch.ones(1, dim, 1, 1))
+        self.b = nn.Parameter(torch.zeros(1, dim, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = x.shape[-1]
+        return F.layer_norm(x, (c,), self.g.reshape(c), self.b.reshape(c), self.eps)
+
+
+class DynamicPositionBias(nn.Module):
+    """An MLP from a relative (dy, dx) offset to one attention bias, shared by all heads."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(2, dim), nn.LayerNorm(dim), nn.ReLU(),
+            nn.Linear(dim, dim), nn.LayerNorm(dim), nn.ReLU(),
+            nn.Linear(dim, dim), nn.LayerNorm(dim), nn.ReLU(),
+            nn.Linear(dim, 1),
+        )
+
+    def forward(self, offsets: torch.Tensor) -> torch.Tensor:
+        return self.layers(offsets).squeeze(-1)
+
+
+def relative_bias_indices(window: int) -> torch.Tensor:
+    """(window², window²) indices into the bias table of `DynamicPositionBias`.
+
+    CREDIT evaluates the MLP on the (2w+1)² offsets -w..w but indexes that table with a row
+    length of 2w-1; kept as it is, because trained checkpoints depend on it.
+    """
+    pos = torch.arange(window)
+    grid = torch.stack(torch.meshgrid(pos, pos, indexing="ij")).flatten(1).t()  # (w², 2)
+    rel = grid[:, None] - grid[None, :] + (window - 1)
+    return rel[..., 0] * (2 * window - 1) + rel[..., 1]
+
+
+class Attention(nn.Module):
+    """Multi-head attention inside windows of a channels-last (B, H, W, C) grid.
+
+    `attn_type="short"` attends within contiguous window×window patches; `"long"` among
+    points H/window (and W/window) apart. A dynamic position bias is added to the scores.
+    The head count is read from `to_q`'s local output width, so a tensor-parallel rank
+    holding some of the heads runs just those.
+    """
+
+    # colwise: output features split by whole heads (q, k, v are separate Linears);
+    # rowwise: input features split, partial outputs summed across tp ranks.
+    _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
+
+    def __init__(self, dim: int, attn_type: str, window_size: int, dim_head: int,
+                 dropout: float) -> None:
+        super().__init__()
+        if attn_type not in ("short", "long"):
+            raise ValueError(f"attention type {attn_type!r} is not 'short' or 'long'")
+        heads = dim // dim_head
+        inner = heads * dim_head
+        self.heads, self.dim_head = heads, dim_head
+        self.attn_type, self.window_size, self.dropout = attn_type, window_size, dropout
+        self.norm = ChannelLayerNorm(dim)
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim)
+        self.dpb = DynamicPositionBias(dim // 4)
+        pos = torch.arange(-window_size, window_size + 1, dtype=torch.float32)
+        offsets = torch.stack(torch.meshgrid(pos, pos, indexing="ij")).flatten(1).t()
+        self.register_buffer("rel_offsets", offsets, persistent=False)
+        self.register_buffer("rel_pos_indices", relative_bias_indices(window_size), persistent=False)
+
+    @staticmethod
+    def _tp_constraints(module: "Attention", tp_size: int) -> None:
+        problem = heads_split_error(module.heads, tp_size)
+        if problem:
+            raise ValueError(
+                f"attention with {module.heads} heads (model.dim {module.heads * module.dim_head} / "
+                f"model.dim_head={module.dim_head}) cannot be split over "
+                f"trainer.parallelism.tensor={tp_size}: {problem}"
+            )
+
+    def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        s = self.window_size
+        if self.attn_type == "short":
+            x = x.view(b, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
+        else:
+            x = x.view(b, s, h // s, s, w // s, c).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(-1, s * s, c)
+
+    def _from_windows(self, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        b, h, w, c = shape
+        s = self.window_size
+        x = x.view(b, h // s, w // s, s, s, c)
+        if self.attn_type == "short":
+            x = x.permute(0, 1, 3, 2, 4, 5)
+        else:
+            x = x.permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(b, h, w, c)
+
+    def position_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """(window², window²) bias added to every head's scores."""
+        table = self.dpb(self.rel_offsets.to(dtype))
+        return table[self.rel_pos_indices]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        windows = self._to_windows(self.norm(x))
+        q, k, v = self.to_q(windows), self.to_k(windows), self.to_v(windows)
+        n, length, width = q.shape
+        heads = width // self.dim_head
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(n, length, heads, self.dim_head).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(
+            split(q), split(k), split(v), attn_mask=self.position_bias(q.dtype),
+            dropout_p=self.dropout if self.training else 0.0, scale=self.dim_head ** -0.5,
+        )
+        merged = attended.transpose(1, 2).reshape(n, length, width)
+        return self._from_windows(self.to_out(merged), x.shape)
+
+
+class FeedForward(nn.Module):
+    """Pre-norm channel MLP; CREDIT's keys `layers.0` (norm), `layers.1`, `layers.4`."""
+
+    # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
+    _tp_plan = {"layers.1": "colwise", "layers.4": "rowwise"}
+
+    def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            ChannelLayerNorm(dim), nn.Linear(dim, dim * mult), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(dim * mult, dim),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class Transformer(nn.Module):
+    """`depth` rounds of short attention, feed-forward, long attention, feed-forward,
+    each residual, on a (B, C, H, W) grid."""
+
+    def __init__(self, dim: int, *, local_window_size: int, global_window_size: int, depth: int,
+                 dim_head: int, attn_dropout: float, ff_dropout: float) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.ModuleList([
+                Attention(dim, "short", local_window_size, dim_head, attn_dropout),
+                FeedForward(dim, dropout=ff_dropout),
+                Attention(dim, "long", global_window_size, dim_head, attn_dropout),
+                FeedForward(dim, dropout=ff_dropout),
+            ])
+            for _ in range(depth)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
+        for block in self.layers:
+            for layer in block:
+                x = x + layer(x)
+        # a fresh tensor, not a view: an in-place op on a wrapped block's output view would
+        # bypass FSDP2's pre-backward hook
+        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
+
+
+class CrossEmbedLayer(nn.Module):
+    """Strided convolutions of several kernel sizes, concatenated along channels; each
+    branch is CREDIT's (ZeroPad2d, Conv2d) pair, padded so all land on the same grid."""
+
+    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int) -> None:
+        super().__init__()
+        kernels = sorted(kernel_sizes)
+        widths = [int(dim_out / 2 ** i) for i in range(1, len(kernels))]
+        widths.append(dim_out - sum(widths))
+        self.convs = nn.ModuleList()
+        for kernel, width in zip(kernels, widths):
+            total = kernel - stride
+            left = total // 2
+            self.convs.append(nn.Sequential(
+                nn.ZeroPad2d((left, total - left, left, total - left)),
+                nn.Conv2d(dim_in, width, kernel, stride=stride),
+            ))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([conv(x) for conv in self.convs], dim=1)
+
+
+def icnr_(weight: torch.Tensor, scale: int) -> None:
+    """Initialise a sub-pixel convolution so its pixel-shuffled output starts as a
+    nearest-neighbour upsampling (all scale² sub-pixels share one kernel)."""
+    sub = torch.empty(weight.shape[0] // scale ** 2, *weight.shape[1:], dtype=weight.dtype)
+    nn.init.kaiming_normal_(sub)
+    with torch.no_grad():
+        weight.copy_(sub.repeat_interleave(scale ** 2, dim=0))
+
+
+class UpBlockPS(nn.Module):
+    """Sub-pixel upsampling (3x3 convolution, pixel shuffle), a sharpening residual, then a
+    residual stack of (3x3 convolution, GroupNorm, SiLU) pairs."""
+
+    def __init__(self, in_ch: int, out_ch: int, num_groups: int, scale: int = 2,
+                 num_residuals: int = 2) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_ch, out_ch * scale ** 2, 3, padding=1)
+        icnr_(self.conv.weight, scale)
+        nn.init.zeros_(self.conv.bias)
+        self.ps = nn.PixelShuffle(scale)
+        self.sharp = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        nn.init.xavier_normal_(self.sharp.weight)
+        nn.init.zeros_(self.sharp.bias)
+        stack: list[nn.Module] = []
+        for _ in range(num_residuals):
+            stack += [nn.Conv2d(out_ch, out_ch, 3, padding=1), nn.GroupNorm(num_groups, out_ch), nn.SiLU()]
+        self.b = nn.Sequential(*stack)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ps(self.conv(x))
+        x = x + self.sharp(x)
+        return self.b(x) + x
+
+
+def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2) -> nn.Sequential:
+    """CREDIT's last up block: a sub-pixel convolution to the output channels, pixel
+    shuffle, and a 3x3 convolution (`up_block4.0`, `up_block4.2`)."""
+    first = nn.Conv2d(in_ch, out_ch * scale ** 2, 3, padding=1)
+    if icnr:
+        icnr_(first.weight, scale)
+        nn.init.zeros_(first.bias)
+    return nn.Sequential(first, nn.PixelShuffle(scale), nn.Conv2d(out_ch, out_ch, 3, padding=1))
+
+
+def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize (align_corners=False, as CREDIT); the identity when the size matches."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+
+def encoder_grids(grid: tuple[int, int], strides: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The (H, W) each encoder stage works on: each cross-embedding divides by its stride."""
+    grids, (h, w) = [], grid
+    for stride in strides:
+        h, w = h // stride, w // stride
+        grids.append((h, w))
+    return grids
+
+
+def check_windows(grid: tuple[int, int], strides: tuple[int, ...], local: tuple[int, ...],
+                  global_: tuple[int, ...], what: str) -> None:
+    """Every stage's grid must tile into its local and global windows; one error naming
+    the stage and the keys otherwise."""
+    for stage, ((h, w), lw, gw) in enumerate(zip(encoder_grids(grid, strides), local, global_)):
+        for key, window in (("local_window_size", lw), ("global_window_size", gw)):
+            if h % window or w % window or h == 0 or w == 0:
+                raise ValueError(
+                    f"model.{key}[{stage}]={window} does not tile stage {stage}'s grid {h}x{w} "
+                    f"({what} divided by model.cross_embed_strides[:{stage + 1}]={list(strides[:stage + 1])}); "
+                    f"choose windows that divide it"
+                )
+
+
+def stage_multiple(strides: tuple[int, ...], local: tuple[int, ...], global_: tuple[int, ...]) -> int:
+    """The number a grid must divide by for `check_windows` to pass."""
+    multiple, scale = 1, 1
+    for stride, lw, gw in zip(strides, local, global_):
+        scale *= stride
+        multiple = math.lcm(multiple, scale * math.lcm(lw, gw))
+    return multiple

@@ -1,0 +1,130 @@
+"""CREDIT's `crossformer` (the production "wxformer"): cross-scale encoder of four
+cross-embedding + windowed-attention stages, sub-pixel decoder with skip connections.
+
+Takes and returns CREDIT's layout: input (B, C, T, H, W) with C = channels·levels +
+surface_channels + input_only_channels per frame, output (B, C_out, 1, H, W) with
+C_out = channels·levels + surface_channels + output_only_channels, the full next state
+(no residual added by the model). Frames are folded channel-major, time-minor
+((B, C, T) -> (B, C·T)), as CREDIT does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS, check_windows,
+                                         output_head, resize)
+from credit.models.credit_padding import BoundaryPadding
+
+
+@dataclass(frozen=True)
+class CreditSpec:
+    """The constructor arguments both of CREDIT's architectures share, CREDIT's names."""
+
+    image_height: int
+    image_width: int
+    frames: int
+    channels: int
+    levels: int
+    surface_channels: int
+    input_only_channels: int
+    output_only_channels: int
+    dim: tuple[int, int, int, int]
+    depth: tuple[int, int, int, int]
+    dim_head: int
+    global_window_size: tuple[int, int, int, int]
+    local_window_size: tuple[int, int, int, int]
+    cross_embed_kernel_sizes: tuple[tuple[int, ...], ...]
+    cross_embed_strides: tuple[int, int, int, int]
+    attn_dropout: float = 0.0
+    ff_dropout: float = 0.0
+    use_spectral_norm: bool = True
+
+    @property
+    def frame_channels(self) -> int:
+        return self.channels * self.levels + self.surface_channels + self.input_only_channels
+
+    @property
+    def output_channels(self) -> int:
+        return self.channels * self.levels + self.surface_channels + self.output_only_channels
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.image_height, self.image_width
+
+
+def build_encoder(spec: CreditSpec, in_channels: int) -> nn.ModuleList:
+    """`layers`: four (CrossEmbedLayer, Transformer) pairs."""
+    dims = (in_channels, *spec.dim)
+    return nn.ModuleList(
+        nn.ModuleList([
+            CrossEmbedLayer(dims[i], dims[i + 1], spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i]),
+            Transformer(dims[i + 1], local_window_size=spec.local_window_size[i],
+                        global_window_size=spec.global_window_size[i], depth=spec.depth[i],
+                        dim_head=spec.dim_head, attn_dropout=spec.attn_dropout, ff_dropout=spec.ff_dropout),
+        ])
+        for i in range(4)
+    )
+
+
+def check_decoder_widths(dim: tuple[int, ...]) -> None:
+    """CREDIT's decoder halves the width at each up block and concatenates the skip of
+    the stage below, so the stage widths must double: (d, 2d, 4d, 8d)."""
+    last = dim[-1]
+    expected = [last // 8, last // 4, last // 2, last]
+    if len(dim) != 4 or list(dim) != expected or last % 8:
+        raise ValueError(
+            f"model.dim={list(dim)} is invalid: CREDIT's decoder needs four stage widths that "
+            f"double, (d, 2d, 4d, 8d); e.g. {expected if last % 8 == 0 else [64, 128, 256, 512]}"
+        )
+
+
+class CrossFormer(nn.Module):
+    """CREDIT's CrossFormer with Linear projections; state-dict keys are CREDIT's."""
+
+    input_layout = "credit"  # (B, C, T, H, W) in, (B, C_out, 1, H, W) out
+    # the units data parallelism wraps one by one (a container's children, or a module)
+    _shard_units = ("layers", "up_block1", "up_block2", "up_block3", "up_block4")
+
+    def __init__(self, spec: CreditSpec, *, interp: bool = True,
+                 padding: BoundaryPadding | None = None) -> None:
+        super().__init__()
+        check_decoder_widths(spec.dim)
+        self.spec, self.use_interp, self.padding = spec, interp, padding
+        padded = padding.padded(spec.grid) if padding else spec.grid
+        if padding:
+            padding.check(spec.grid)
+        check_windows(padded, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
+                      "the padded grid" if padding else "the grid")
+        self.layers = build_encoder(spec, spec.frame_channels * spec.frames)
+        last = spec.dim[-1]
+        self.up_block1 = UpBlockPS(last, last // 2, spec.dim[0])
+        self.up_block2 = UpBlockPS(last, last // 4, spec.dim[0])
+        self.up_block3 = UpBlockPS(last // 2, last // 8, spec.dim[0])
+        self.up_block4 = output_head(last // 4, spec.output_channels, icnr=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        expected = (spec.frame_channels, spec.frames, *spec.grid)
+        if x.dim() != 5 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"crossformer expects input (B, {', '.join(map(str, expected))}) "
+                             f"(B, C, T, H, W), got {tuple(x.shape)}")
+        if self.padding:
+            x = self.padding.pad(x)
+        x = x.flatten(1, 2)  # channel-major, time-minor
+        encodings = []
+        for embed, transformer in self.layers:
+            x = transformer(embed(x))
+            encodings.append(x)
+        x = torch.cat([self.up_block1(x), encodings[2]], dim=1)
+        x = torch.cat([self.up_block2(x), encodings[1]], dim=1)
+        x = torch.cat([self.up_block3(x), encodings[0]], dim=1)
+        x = self.up_block4(x)
+        if self.padding:
+            x = self.padding.unpad(x)
+        if self.use_interp:
+            x = resize(x, spec.grid)
+        return x.unsqueeze(2)

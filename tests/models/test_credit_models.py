@@ -1,0 +1,118 @@
+"""CREDIT's own checkpoints load and forecast what CREDIT forecasts.
+
+The fixtures (tests/fixtures/credit_reference, see its README) were made by running
+CREDIT's model code: a checkpoint as CREDIT's trainer saves it, CREDIT's model config,
+an input and CREDIT's eval-mode output. Acceptance: max |ours - CREDIT| / max |CREDIT|
+<= 1e-5, in one process here and at tp=2 in tests/parallel/test_credit_tp.py.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from credit.models.credit_checkpoint import (CreditCheckpointError, from_credit, read_credit_model_section,
+                                             read_credit_state_dict)
+from credit.models.credit_config import resolve_credit_model
+from credit.models.credit_remap import remap_conv_state_dict
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_reference"
+NAMES = ["crossformer_earthpad_sn", "crossformer_frames2_diag", "wxformer_next_conv_sn", "wxformer_next_linear"]
+TOLERANCE = 1e-5
+
+
+def relative_difference(ours: torch.Tensor, credit: torch.Tensor) -> float:
+    return ((ours - credit).abs().max() / credit.abs().max()).item()
+
+
+def forward_fixture(name: str) -> torch.Tensor:
+    folder = FIXTURES / name
+    model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
+    with torch.no_grad():
+        return model(torch.load(folder / "input.pt"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_matches_credit_in_one_process(name):
+    credit = torch.load(FIXTURES / name / "output.pt")
+    ours = forward_fixture(name)
+    assert ours.shape == credit.shape
+    assert relative_difference(ours, credit) <= TOLERANCE
+
+
+def test_state_dict_keys_are_credits():
+    """A Linear-format CREDIT checkpoint (today's wxformer_next) has the model's keys and
+    shapes exactly."""
+    folder = FIXTURES / "wxformer_next_linear"
+    credit = torch.load(folder / "checkpoint.pt", weights_only=False)["model_state_dict"]
+    ours = from_credit(folder / "model.yml", folder / "checkpoint.pt").state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in credit.items()}
+
+
+def test_crossformer_keys_are_credits_in_linear_form():
+    """CREDIT's crossformer still stores 1x1 convolutions: its keys are the model's once
+    q/k/v are split and the kernels squeezed (its unused cube embedding aside)."""
+    folder = FIXTURES / "crossformer_frames2_diag"
+    credit = remap_conv_state_dict(read_credit_state_dict(folder / "checkpoint.pt"))
+    ours = from_credit(folder / "model.yml", folder / "checkpoint.pt").state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in credit.items()}
+    assert sum(k.endswith(".to_q.weight") for k in ours) == 2 * (1 + 1 + 2 + 1)
+
+
+def test_conv_remap_is_idempotent_and_keeps_the_fused_sigma():
+    state = read_credit_state_dict(FIXTURES / "wxformer_next_conv_sn" / "checkpoint.pt")
+    once = remap_conv_state_dict(state)
+    twice = remap_conv_state_dict(once)
+    assert once.keys() == twice.keys()
+    assert all(torch.equal(once[k], twice[k]) for k in once)
+    assert not any(".to_qkv." in k or k.endswith("weight_orig") for k in once)
+    stem = "layers.0.1.layers.0.0"
+    fused_w = state[f"{stem}.to_qkv.weight_orig"].flatten(1).double()
+    sigma = state[f"{stem}.to_qkv.weight_u"].double() @ fused_w @ state[f"{stem}.to_qkv.weight_v"].double()
+    for proj in ("to_q", "to_k", "to_v"):
+        w, u, v = (once[f"{stem}.{proj}.{s}"].double() for s in ("weight", "weight_u", "weight_v"))
+        assert torch.allclose(u @ w @ v, sigma, rtol=1e-6)
+
+
+def test_wrapped_and_bare_state_dicts_load(tmp_path):
+    folder = FIXTURES / "wxformer_next_linear"
+    state = torch.load(folder / "checkpoint.pt", weights_only=False)["model_state_dict"]
+    torch.save({f"module.{k}": v for k, v in state.items()}, tmp_path / "ddp.pt")
+    torch.save({f"_orig_mod.{k}": v for k, v in state.items()}, tmp_path / "bare.pt")
+    credit = torch.load(folder / "output.pt")
+    for file in ("ddp.pt", "bare.pt"):
+        model = from_credit(folder / "model.yml", tmp_path / file)
+        with torch.no_grad():
+            assert relative_difference(model(torch.load(folder / "input.pt")), credit) <= TOLERANCE
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"post_conf": {"activate": True}}, "model.post_conf"),
+    ({"patch_height": 2}, "model.patch_height"),
+    ({"output_frames": 2}, "model.output_frames"),
+    ({"attention_type": "scse_standard"}, "model.attention_type"),
+    ({"dims": [8, 16, 32, 64]}, "model.dims"),
+    ({"type": "unet"}, "model.type"),
+])
+def test_unsupported_credit_keys_are_refused_by_name(change, named):
+    section = {**read_credit_model_section(FIXTURES / "crossformer_earthpad_sn" / "model.yml"), **change}
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        resolve_credit_model(section)
+
+
+def test_keys_credit_ignores_are_reported(caplog):
+    section = {**read_credit_model_section(FIXTURES / "wxformer_next_linear" / "model.yml"),
+               "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [2, 2], "pad_lon": [2, 2]}}
+    kind, values = resolve_credit_model(section)
+    assert kind == "wxformer_next" and "padding_conf" not in values
+    assert "model.padding_conf" in caplog.text
+
+
+def test_a_checkpoint_of_another_shape_is_one_clear_error(tmp_path):
+    folder = FIXTURES / "crossformer_frames2_diag"
+    section = {**read_credit_model_section(folder / "model.yml"), "levels": 5}
+    with pytest.raises(CreditCheckpointError, match=r"checkpoint.pt.*of another shape.*trained with"):
+        from_credit(section, folder / "checkpoint.pt")
+    (tmp_path / "broken.pt").write_bytes((folder / "checkpoint.pt").read_bytes()[:5000])
+    with pytest.raises(CreditCheckpointError, match="broken.pt: not a readable torch checkpoint"):
+        from_credit(folder / "model.yml", tmp_path / "broken.pt")
