@@ -17,10 +17,15 @@ commands:
                                  forecasts from a checkpoint of the run (same overrides as train, plus
                                  rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
+  convert-checkpoint --credit-config CREDIT.yml CHECKPOINT.pt OUT [KEY=VALUE ...]
+                                 write a checkpoint of NCAR CREDIT (its trainer's file, a bare or
+                                 DDP/FSDP-prefixed state dict) as a weights-only DCP checkpoint OUT
+                                 (new path) for the model CREDIT.yml's model: section describes;
+                                 prints the model overrides to continue with:
+                                 credit train trainer.resume=OUT model=... KEY=VALUE ...
   convert-checkpoint IN OUT [KEY=VALUE ...]
-                                 write legacy single-file checkpoint IN as a weights-only DCP
-                                 checkpoint OUT (new path) for the model the overrides describe;
-                                 continue with: credit train trainer.resume=OUT KEY=VALUE ...
+                                 the same for a single-file checkpoint of the model the overrides
+                                 describe
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
   data stats [--overwrite] [KEY=VALUE ...]
                                  write data.files.mean / data.files.std under data.root from
@@ -208,23 +213,38 @@ def _check(overrides: Sequence[str]) -> int:
 
 
 def _convert(args: Sequence[str]) -> int:
+    credit_config = None
+    if args[:1] == ["--credit-config"]:
+        if len(args) < 2:
+            return _fail("usage: credit convert-checkpoint --credit-config CREDIT.yml CHECKPOINT.pt OUT [KEY=VALUE ...]")
+        credit_config, args = args[1], args[2:]
     if len(args) < 2 or any("=" in a for a in args[:2]):
-        return _fail("usage: credit convert-checkpoint IN OUT [KEY=VALUE ...]")
+        return _fail("usage: credit convert-checkpoint [--credit-config CREDIT.yml] IN OUT [KEY=VALUE ...]")
     source, out, overrides = args[0], args[1], args[2:]
     from pathlib import Path
 
     if Path(out).exists():  # before any work: nothing is written
         return _fail(f"{out} already exists; refusing to overwrite it (choose a new path)")
     from credit.config import ConfigError, compose_config
+    from credit.logs import configure_logging
 
+    configure_logging()
+    if credit_config is not None:
+        from credit.checkpoint.from_credit import convert_credit_checkpoint
+
+        try:
+            model_overrides = convert_credit_checkpoint(credit_config, source, out, overrides)
+        except (ConfigError, ValueError, FileExistsError, FileNotFoundError) as error:
+            return _fail(str(error))
+        print(f"wrote {out}; continue with:\n  credit train trainer.resume={out} {' '.join(model_overrides)} "
+              f"KEY=VALUE ...\n(the model overrides are also in {Path(out) / 'credit_overrides.txt'})")
+        return 0
     try:
         cfg = compose_config(overrides)
     except ConfigError as error:
         return _fail(str(error))
     from credit.checkpoint.legacy import convert_checkpoint
-    from credit.logs import configure_logging
 
-    configure_logging()
     try:
         convert_checkpoint(source, out, cfg)
     except (ValueError, FileExistsError, FileNotFoundError) as error:  # ValueError: data, remap, fit

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Sequence
 
 from hydra import compose, initialize_config_module
@@ -10,7 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from credit.config.schema import Config, register_configs
+from credit.config.schema import MODEL_SCHEMAS, Config, register_configs
 from credit.config.validate import ConfigError, validate_config
 
 CONFIG_MODULE = "credit.conf"
@@ -55,6 +57,20 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -
     return finalize_config(cfg)
 
 
+def _typed_model(model: Any) -> DictConfig:
+    """The `model` section merged into its type's schema (`MODEL_SCHEMAS`), so an unknown
+    key, or a value of the wrong type, is an error naming it."""
+    model = dict(model or {})
+    schema = MODEL_SCHEMAS.get(model.get("name", "wxformer"))
+    if schema is None:
+        raise ConfigError(f"model.name={model.get('name')!r} is invalid: allowed: {list(MODEL_SCHEMAS)}")
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), model)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_one_line(error)) from error
+    return typed
+
+
 def finalize_config(cfg: DictConfig) -> DictConfig:
     """Resolve interpolations, drop hydra's own node, validate; the run's config."""
     try:
@@ -62,6 +78,7 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     except OmegaConfBaseException as error:
         raise ConfigError(_one_line(error)) from error
     container.pop("hydra", None)
+    container["model"] = _typed_model(container.get("model"))
     # Re-merge into the schema: `+key=value` overrides bypass struct mode while composing.
     try:
         resolved = OmegaConf.merge(OmegaConf.structured(Config), container)

@@ -10,7 +10,7 @@ declared here fails and names the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -38,6 +38,71 @@ class ModelConfig:
     spectral_norm_tp: str = "shard"  # shard | replicate: spectral-normed blocks under tensor parallelism
     padding: str = "earth"  # earth | none
     gemm: str = "fast"  # fast | deterministic: layout-invariant bits (docs/determinism.md)
+
+
+@dataclass
+class CreditModelConfig:
+    """Keys shared by CREDIT's architectures: CREDIT's constructor arguments, names and
+    meanings. The grid and channel keys default to null, meaning "from the data"; when set
+    they must equal what the data give (one error naming the key otherwise). Sized for the
+    embedded 32x64 grid."""
+
+    name: str = "crossformer"
+    image_height: Optional[int] = None
+    image_width: Optional[int] = None
+    frames: Optional[int] = None  # = data.history_len
+    channels: Optional[int] = None  # upper-air variables
+    levels: Optional[int] = None
+    surface_channels: Optional[int] = None
+    input_only_channels: Optional[int] = None  # forcing + static variables
+    output_only_channels: Optional[int] = None  # diagnostic variables
+    dim: List[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    depth: List[int] = field(default_factory=lambda: [1, 1, 1, 1])
+    dim_head: int = 8
+    global_window_size: List[int] = field(default_factory=lambda: [4, 2, 2, 1])
+    local_window_size: List[int] = field(default_factory=lambda: [4, 4, 2, 2])
+    cross_embed_kernel_sizes: List[List[int]] = field(
+        default_factory=lambda: [[2, 4], [2, 4], [2, 4], [2, 4]]
+    )
+    cross_embed_strides: List[int] = field(default_factory=lambda: [2, 2, 2, 2])
+    attn_dropout: float = 0.0
+    ff_dropout: float = 0.0
+    use_spectral_norm: bool = False
+    spectral_norm_tp: str = "shard"  # shard | replicate: spectral-normed blocks under tensor parallelism
+    gemm: str = "fast"  # fast (deterministic mode is not yet available for CREDIT's models)
+
+
+@dataclass
+class PaddingConf:
+    """CREDIT's `padding_conf`: earth (poles rolled half a turn, longitude wrapped) or mirror."""
+
+    activate: bool = False
+    mode: str = "earth"
+    pad_lat: List[int] = field(default_factory=lambda: [0, 0])
+    pad_lon: List[int] = field(default_factory=lambda: [0, 0])
+
+
+@dataclass
+class CrossFormerConfig(CreditModelConfig):
+    """CREDIT's `crossformer` (`model=crossformer`)."""
+
+    interp: bool = True
+    padding_conf: PaddingConf = field(default_factory=PaddingConf)
+
+
+@dataclass
+class WXFormerNextConfig(CreditModelConfig):
+    """CREDIT's `wxformer_next` (`model=wxformer_next`)."""
+
+    name: str = "wxformer_next"
+    col_attn_heads: int = 2
+    col_attn_stride: int = 1
+    decoder_col_attn: bool = False
+    num_spectral_nodes: int = 16
+
+
+# `model=NAME` picks one of these schemas (ConfigStore group "model")
+MODEL_SCHEMAS = {"wxformer": ModelConfig, "crossformer": CrossFormerConfig, "wxformer_next": WXFormerNextConfig}
 
 
 @dataclass
@@ -219,7 +284,7 @@ class DiagnosticsConfig:
 @dataclass
 class Config:
     run_dir: str = "runs/default"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = None  # one of MODEL_SCHEMAS, chosen by the `model` group
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -227,4 +292,7 @@ class Config:
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="base_config", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for name, schema in MODEL_SCHEMAS.items():
+        store.store(group="model", name=name, node=schema)

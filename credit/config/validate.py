@@ -75,9 +75,12 @@ def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> s
             f"multiple of {LEAF * tensor} or a smaller tensor")
 
 
-def validate_model(model: DictConfig, tensor: int = 1) -> None:
+def _validate_stages(model: DictConfig, tensor: int, credit_layout: bool) -> None:
+    """Stage lists, widths, heads and kernels: the rules both model families share."""
     stages = len(model.dim)
     _check(stages >= 1, "model.dim", model.dim, "give at least one stage width")
+    if credit_layout:
+        _check(stages == 4, "model.dim", model.dim, "CREDIT's models have four encoder stages")
     for key in ("depth", "local_window_size", "global_window_size", "cross_embed_kernel_sizes",
                 "cross_embed_strides"):
         _check(len(model[key]) == stages, f"model.{key}", model[key],
@@ -99,17 +102,52 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
     for i, (kernels, stride) in enumerate(zip(model.cross_embed_kernel_sizes, model.cross_embed_strides)):
         _check(len(kernels) >= 1, f"model.cross_embed_kernel_sizes[{i}]", kernels, "needs a kernel")
         for k in kernels:
-            _check(k >= stride and (k - stride) % 2 == 0, f"model.cross_embed_kernel_sizes[{i}]",
-                   kernels, f"each kernel must be >= the stride {stride} and differ from it by an "
-                   f"even number, so the output grid is the input grid / stride")
-    _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
+            # CREDIT pads each branch asymmetrically by k - stride; ours symmetrically
+            ok = k >= stride and (credit_layout or (k - stride) % 2 == 0)
+            _check(ok, f"model.cross_embed_kernel_sizes[{i}]", kernels,
+                   f"each kernel must be >= the stride {stride}"
+                   + ("" if credit_layout else " and differ from it by an even number")
+                   + ", so the output grid is the input grid / stride")
     for key in ("attn_dropout", "ff_dropout"):
         _check(0.0 <= model[key] < 1.0, f"model.{key}", model[key], "must be in [0, 1)")
-    _check(model.padding in ("earth", "none"), "model.padding", model.padding,
-           "allowed: 'earth', 'none'")
     _check(model.gemm in GEMM_MODES, "model.gemm", model.gemm, f"allowed: {list(GEMM_MODES)}")
     _check(model.spectral_norm_tp in SPECTRAL_NORM_TP, "model.spectral_norm_tp", model.spectral_norm_tp,
            f"allowed: {list(SPECTRAL_NORM_TP)}")
+
+
+def _validate_credit_model(model: DictConfig) -> None:
+    last = model.dim[-1]
+    doubling = [last // 8, last // 4, last // 2, last]
+    _check(list(model.dim) == doubling and last % 8 == 0, "model.dim", model.dim,
+           "CREDIT's decoder needs stage widths that double: (d, 2d, 4d, 8d)")
+    _check(model.gemm == "fast", "model.gemm", model.gemm,
+           f"deterministic mode is not yet available for model.name={model.name}; use 'fast'")
+    for key in ("image_height", "image_width", "frames", "channels", "levels"):
+        _check(model[key] is None or model[key] >= 1, f"model.{key}", model[key], "must be >= 1 or null")
+    for key in ("surface_channels", "input_only_channels", "output_only_channels"):
+        _check(model[key] is None or model[key] >= 0, f"model.{key}", model[key], "must be >= 0 or null")
+    if model.name == "crossformer":
+        pad = model.padding_conf
+        _check(pad.mode in ("earth", "mirror"), "model.padding_conf.mode", pad.mode, "allowed: 'earth', 'mirror'")
+        for key in ("pad_lat", "pad_lon"):
+            _check(len(pad[key]) == 2 and min(pad[key]) >= 0, f"model.padding_conf.{key}", pad[key],
+                   "must be two sizes >= 0")
+    else:
+        for key in ("col_attn_heads", "col_attn_stride", "num_spectral_nodes"):
+            _check(model[key] >= 1, f"model.{key}", model[key], "must be >= 1")
+
+
+def validate_model(model: DictConfig, tensor: int = 1) -> None:
+    credit_layout = model.name in ("crossformer", "wxformer_next")
+    _check(credit_layout or model.name == "wxformer", "model.name", model.name,
+           "allowed: 'wxformer', 'crossformer', 'wxformer_next'")
+    _validate_stages(model, tensor, credit_layout)
+    if credit_layout:
+        _validate_credit_model(model)
+        return
+    _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
+    _check(model.padding in ("earth", "none"), "model.padding", model.padding,
+           "allowed: 'earth', 'none'")
     if model.gemm == "deterministic":
         for i, width in enumerate(model.dim):
             for what, key, w in (("attention width", f"model.dim[{i}]", width),
@@ -117,7 +155,6 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
                 problem = deterministic_split_error(f"stage {i}'s {what}", key, w, tensor)
                 if problem:
                     raise ConfigError(problem)
-    _check(model.name == "wxformer", "model.name", model.name, "allowed: 'wxformer'")
 
 
 def _parse_time(key: str, value: str) -> np.datetime64:

@@ -79,4 +79,15 @@ def model_layout(data: DictConfig, dataset: ERA5Dataset | None = None) -> dict[s
         state_channels=len(dataset.state_channel_names),
         history_len=data.history_len,
         grid=tuple(dataset.grid_shape),
+        # CREDIT's channel counts (credit.models.inputs documents the order)
+        credit_channels=dict(
+            channels=len(dataset.variables.upper_air),
+            levels=len(dataset.levels) if dataset.variables.upper_air else 0,
+            surface_channels=len(dataset.variables.surface),
+            input_only_channels=len(dataset.variables.forcing) + len(dataset.variables.static),
+            output_only_channels=len(dataset.variables.diagnostic),
+            frames=data.history_len,
+            image_height=dataset.grid_shape[0],
+            image_width=dataset.grid_shape[1],
+        ),
     )

@@ -6,8 +6,11 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from credit.models.credit_config import TYPES as CREDIT_TYPES
+from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.spectral_norm import apply_spectral_norm
 from credit.models.wxformer import WXFormer, WXFormerSpec
 
@@ -15,11 +18,20 @@ from credit.models.wxformer import WXFormer, WXFormerSpec
 _BUILD_KEYS = {"name", "use_spectral_norm", "spectral_norm_tp"}  # the last: for parallelize_model
 # WXFormerSpec fields that come from the data layout, not from `model.*`.
 _LAYOUT_FIELDS = {"in_channels", "out_channels", "state_channels", "history_len", "grid"}
-MODEL_NAMES = ("wxformer",)
+# `model.*` keys of CREDIT's models that are this project's, not CREDIT's constructor's
+_OWN_CREDIT_KEYS = {"name", "gemm", "spectral_norm_tp"}
+MODEL_NAMES = ("wxformer", *CREDIT_TYPES)
+# where each CREDIT count comes from in the data config, for the mismatch error
+_DATA_SOURCE = {
+    "channels": "data.variables.upper_air", "levels": "data.levels", "surface_channels": "data.variables.surface",
+    "input_only_channels": "data.variables.forcing + data.variables.static",
+    "output_only_channels": "data.variables.diagnostic", "frames": "data.history_len",
+    "image_height": "the data's grid", "image_width": "the data's grid",
+}
 
 
 def model_spec(model_cfg: Mapping[str, Any], **layout: Any) -> WXFormerSpec:
-    """Build the model spec; an unknown `model.*` key is an error naming it."""
+    """Build the wxformer's spec; an unknown `model.*` key is an error naming it."""
     spec_keys = {f.name for f in fields(WXFormerSpec)} - _LAYOUT_FIELDS
     unknown = sorted(set(model_cfg) - spec_keys - _BUILD_KEYS)
     if unknown:
@@ -37,17 +49,39 @@ def model_spec(model_cfg: Mapping[str, Any], **layout: Any) -> WXFormerSpec:
         elif isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str):
             value = tuple(value)
         values[key] = value
-    return WXFormerSpec(**values, **layout)
+    return WXFormerSpec(**values, **{k: layout[k] for k in _LAYOUT_FIELDS})
+
+
+def credit_arguments(model_cfg: Mapping[str, Any], credit_channels: Mapping[str, int]) -> dict[str, Any]:
+    """CREDIT's constructor arguments from `model.*`: grid and channel keys left null are
+    taken from the data; set ones must equal the data's (ValueError naming both)."""
+    if isinstance(model_cfg, DictConfig):
+        model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+    values = {k: v for k, v in model_cfg.items() if k not in _OWN_CREDIT_KEYS}
+    for key, from_data in credit_channels.items():
+        if values.get(key) is None:
+            values[key] = from_data
+        elif int(values[key]) != from_data:
+            raise ValueError(
+                f"model.{key}={values[key]} does not match the data: {_DATA_SOURCE[key]} gives "
+                f"{from_data}; set model.{key}={from_data} or null (from the data), or use data of "
+                f"the checkpoint's layout"
+            )
+    return {"type": model_cfg["name"], **values}
 
 
 def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     """Construct the model named by `model.name` for the given data layout.
 
-    `layout` gives in_channels, out_channels, state_channels, history_len and grid.
+    `layout` is `credit.data.model_layout`'s: in_channels, out_channels, state_channels,
+    history_len, grid, and CREDIT's channel counts.
     """
     name = model_cfg.get("name", "wxformer")
     if name not in MODEL_NAMES:
         raise ValueError(f"model.name={name!r} is not one of {list(MODEL_NAMES)}")
+    if name in CREDIT_TYPES:
+        kind, values = resolve_credit_model(credit_arguments(model_cfg, layout["credit_channels"]))
+        return build_credit_model(kind, values)
     spec = model_spec(model_cfg, **layout)
     model = WXFormer(spec)
     if model_cfg.get("use_spectral_norm", False):

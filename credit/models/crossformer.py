@@ -86,8 +86,8 @@ class CrossFormer(nn.Module):
     """CREDIT's CrossFormer with Linear projections; state-dict keys are CREDIT's."""
 
     input_layout = "credit"  # (B, C, T, H, W) in, (B, C_out, 1, H, W) out
-    # the units data parallelism wraps one by one (a container's children, or a module)
-    _shard_units = ("layers", "up_block1", "up_block2", "up_block3", "up_block4")
+    # the units data parallelism wraps one by one: each stage's cross-embedding and transformer, each up block
+    _shard_units = ("layers.0", "layers.1", "layers.2", "layers.3", "up_block1", "up_block2", "up_block3", "up_block4")
 
     def __init__(self, spec: CreditSpec, *, interp: bool = True,
                  padding: BoundaryPadding | None = None) -> None:

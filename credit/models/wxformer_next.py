@@ -101,7 +101,7 @@ class WXFormerNext(nn.Module):
     """CREDIT's NextGenWXFormer with Linear projections; state-dict keys are CREDIT's."""
 
     input_layout = "credit"  # (B, C, T, H, W) in, (B, C_out, 1, H, W) out
-    _shard_units = ("layers", "spectral_bottleneck", "up_block1", "up_block2", "up_block3", "up_block4")
+    _shard_units = ("layers.0", "layers.1", "layers.2", "layers.3", "spectral_bottleneck", "up_block1", "up_block2", "up_block3", "up_block4")
 
     def __init__(self, spec: CreditSpec, *, col_attn_heads: int = 4, col_attn_stride: int = 1,
                  decoder_col_attn: bool = False, num_spectral_nodes: int = 64) -> None:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from credit.data import ERA5Dataset, variable_spec
-from credit.models import model_input
+from credit.models.inputs import predict
 
 
 def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: int) -> ERA5Dataset:
@@ -76,8 +76,8 @@ class Forecaster:
         try:
             for k in range(lead_steps):
                 sample = sample if k == 0 else self._sample(first + k * self.step)
-                forcing = sample["forcing"][self.history_len].unsqueeze(0).to(self.device)
-                prediction = self.model(model_input(state, forcing, static)).float()
+                forcing = sample["forcing"][: self.history_len + 1].unsqueeze(0).to(self.device)
+                prediction = predict(self.model, state, forcing, static).float()
                 newest = prediction[:, : self.state_channels].unsqueeze(1)
                 state = torch.cat([state[:, 1:], newest], dim=1)
                 yield self.physical(prediction[0]), self.physical(sample["target"][0])

@@ -18,7 +18,7 @@ from torch import nn
 
 from credit.kernels.gemm import det_mm
 from credit.kernels.gemm._tree import tree_sum
-from credit.models.inputs import model_input
+from credit.models.inputs import predict
 
 
 def sample_sums(prediction: torch.Tensor, target: torch.Tensor, weights: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -36,7 +36,7 @@ def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
     history_len, state_channels = state.shape[1], state.shape[2]
     total = None
     for step in range(target.shape[1]):
-        prediction = model(model_input(state, forcing[:, history_len + step], static))
+        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static)
         sums = sample_sums(prediction, target[:, step], weights)
         total = sums if total is None else total + sums
         if step + 1 < target.shape[1]:

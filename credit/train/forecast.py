@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from credit.models.inputs import model_input
+from credit.models.inputs import predict
 
 
 def forecast_loss(
@@ -26,7 +26,7 @@ def forecast_loss(
     forecast_len = target.shape[1]
     total = state.new_zeros(())
     for step in range(forecast_len):
-        prediction = model(model_input(state, forcing[:, history_len + step], static))
+        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static)
         total = total + loss_fn(prediction, target[:, step])
         if step + 1 < forecast_len:
             newest = prediction[:, :state_channels].detach().unsqueeze(1)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from credit.models.inputs import model_input
+from credit.models.inputs import predict
 
 
 def output_channel_variables(
@@ -51,7 +51,7 @@ def evaluate(
         state, forcing, static = batch["state"], batch["forcing"], batch["static"]
         history_len = state.shape[1]
         target = batch["target"][:, 0]
-        prediction = model(model_input(state, forcing[:, history_len], static))
+        prediction = predict(model, state, forcing[:, : history_len + 1], static)
         error = (prediction.double().cpu() - target.double().cpu()) * std
         persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
         persistence = persistence * std[:, :state_channels]

@@ -120,7 +120,7 @@ def test_configs_ship_inside_a_non_editable_install(tmp_path):
     wheel = next(wheel_dir.glob("credit-*.whl"))
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
-    assert (target / "credit" / "conf" / "model" / "wxformer.yaml").is_file()
+    assert (target / "credit" / "conf" / "data" / "era5.yaml").is_file()
     probe = ("import credit, sys; from credit.config import compose_config; "
              "c = compose_config(['trainer.max_steps=3']); "
              "assert credit.__file__.startswith(sys.argv[1]), credit.__file__; "

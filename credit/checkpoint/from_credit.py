@@ -1,0 +1,87 @@
+"""`credit convert-checkpoint --credit-config CREDIT.yml CHECKPOINT.pt OUT`.
+
+A CREDIT checkpoint and the `model:` section of the CREDIT config that trained it become a
+weights-only DCP directory OUT (keys `model.*`, `config`, `source`) that `credit train
+trainer.resume=OUT` continues (any dp x tp layout, fresh optimizer at step 0) and `credit
+rollout` forecasts from. The model is built from the CREDIT config alone, so no data are
+read; the run's config is this project's with `model=<type>` and one `model.<key>=<value>`
+per CREDIT key, which are written to OUT/credit_overrides.txt and printed, ready to pass
+to `credit train` (a run whose model keys differ is refused by the checkpoint's config check).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
+
+from credit.checkpoint.manager import _quiet_single_process
+from credit.config import compose_config
+from credit.models.credit_checkpoint import load_credit_weights, read_credit_model_section, read_credit_state_dict
+from credit.models.credit_config import build_credit_model, credit_spec, resolve_credit_model
+
+log = logging.getLogger(__name__)
+
+OVERRIDES_FILE = "credit_overrides.txt"
+_PER_STAGE = ("dim", "depth", "global_window_size", "local_window_size", "cross_embed_kernel_sizes",
+              "cross_embed_strides")
+
+
+def _hydra_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    return str(value)
+
+
+def model_overrides(kind: str, values: Mapping[str, Any]) -> list[str]:
+    """`model=<type>` and `model.<key>=<value>` reproducing a resolved CREDIT model."""
+    spec = credit_spec(values)  # scalars per stage broadcast to the four stages, as CREDIT does
+    values = {**values, **{key: getattr(spec, key) for key in _PER_STAGE}}
+    overrides = [f"model={kind}"]
+    for key, value in values.items():
+        if key == "padding_conf":
+            conf = dict(value or {"activate": False})
+            for sub in ("activate", "mode", "pad_lat", "pad_lon"):
+                if sub in conf:
+                    overrides.append(f"model.padding_conf.{sub}={_hydra_value(conf[sub])}")
+            continue
+        overrides.append(f"model.{key}={_hydra_value(value)}")
+    return overrides
+
+
+def convert_credit_checkpoint(credit_config: str | Path, source: str | Path, out: str | Path,
+                              extra_overrides: Sequence[str] = ()) -> list[str]:
+    """Write OUT; return the overrides a run needs to build the same model.
+
+    Refuses an existing OUT (FileExistsError, nothing written); writes a sibling partial
+    directory and renames it into place, so a failed conversion leaves no OUT.
+    """
+    source, out = Path(source), Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; refusing to overwrite it (choose a new path)")
+    if not source.is_file():
+        raise FileNotFoundError(f"CREDIT checkpoint {source} is not a file")
+    kind, values = resolve_credit_model(read_credit_model_section(credit_config))
+    overrides = model_overrides(kind, values)
+    cfg = compose_config([*overrides, *extra_overrides])  # validates the keys as a run will
+    model = build_credit_model(kind, values)
+    load_credit_weights(model, read_credit_state_dict(source), str(source))
+    partial = out.with_name(f".partial_{out.name}")
+    if partial.exists():
+        shutil.rmtree(partial)
+    state = {"model": model.state_dict(), "config": OmegaConf.to_yaml(cfg), "source": str(source.resolve())}
+    with _quiet_single_process():
+        dcp.save(state, checkpoint_id=str(partial))
+    (partial / OVERRIDES_FILE).write_text(" ".join(overrides) + "\n")
+    partial.rename(out)
+    log.info("converted CREDIT %s checkpoint %s into weights-only DCP checkpoint %s", kind, source, out)
+    return overrides
