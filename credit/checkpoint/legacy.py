@@ -1,4 +1,5 @@
-"""Bring weights from elsewhere into a run: legacy single-file checkpoints and weights-only DCP.
+"""Bring weights from elsewhere into a run: single-file checkpoints (CREDIT's, for CREDIT's
+models; this project's earlier wxformer layout otherwise) and weights-only DCP.
 
 A legacy checkpoint is one `torch.save` file holding either a dict with `model_state_dict`
 or a bare state dict, possibly in the convolutional layout of `credit.models.legacy`
@@ -41,6 +42,9 @@ from credit.checkpoint.manager import (
 from credit.checkpoint.strict import check_stored_weights, check_weights, model_shapes
 from credit.data import model_layout
 from credit.models import RemapError, build_model, remap_conv_state_dict
+from credit.models.credit_checkpoint import CreditCheckpointError, read_credit_state_dict
+from credit.models.credit_remap import RemapError as CreditRemapError
+from credit.models.credit_remap import remap_conv_state_dict as remap_credit_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +91,12 @@ def load_legacy_file(model: nn.Module, path: str | Path) -> None:
     and `set_model_state_dict` places each rank's shard. Strict: see `check_weights`.
     """
     try:
-        state = remap_conv_state_dict(read_legacy_state_dict(path))
-    except RemapError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+        if getattr(model, "input_layout", None) == "credit":  # CREDIT's own checkpoint formats
+            state = remap_credit_state_dict(read_credit_state_dict(path))
+        else:
+            state = remap_conv_state_dict(read_legacy_state_dict(path))
+    except (RemapError, CreditRemapError, CreditCheckpointError) as error:
+        raise CheckpointError(f"{path}: {error}" if str(path) not in str(error) else str(error)) from None
     check_weights(model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
     set_model_state_dict(
         model, state, options=StateDictOptions(full_state_dict=True, strict=True)

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from credit.config.validate import ConfigError
 from credit.models.credit_config import TYPES as CREDIT_TYPES
 from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.spectral_norm import apply_spectral_norm
@@ -80,8 +81,11 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     if name not in MODEL_NAMES:
         raise ValueError(f"model.name={name!r} is not one of {list(MODEL_NAMES)}")
     if name in CREDIT_TYPES:
-        kind, values = resolve_credit_model(credit_arguments(model_cfg, layout["credit_channels"]))
-        return build_credit_model(kind, values)
+        try:
+            kind, values = resolve_credit_model(credit_arguments(model_cfg, layout["credit_channels"]))
+            return build_credit_model(kind, values)
+        except ValueError as error:  # a model key that does not fit the data's grid or channels
+            raise ConfigError(str(error)) from None
     spec = model_spec(model_cfg, **layout)
     model = WXFormer(spec)
     if model_cfg.get("use_spectral_norm", False):

@@ -53,9 +53,12 @@ def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[st
 def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The model weights of a CREDIT checkpoint file, wrapper prefixes removed."""
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: tensors, numbers, strings and containers (CREDIT's container holds no more)
+        blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged or foreign file
-        raise CreditCheckpointError(f"{path}: not a readable torch checkpoint ({type(exc).__name__}: {exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CreditCheckpointError(f"{path}: not a readable torch checkpoint with weights_only=True "
+                                    f"({type(exc).__name__}: {first})") from None
     if isinstance(blob, Mapping) and "model_state_dict" in blob:
         blob = blob["model_state_dict"]
     elif isinstance(blob, Mapping) and isinstance(blob.get("model"), Mapping):

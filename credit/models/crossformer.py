@@ -127,4 +127,6 @@ class CrossFormer(nn.Module):
             x = self.padding.unpad(x)
         if self.use_interp:
             x = resize(x, spec.grid)
-        return x.unsqueeze(2)
+        # a fresh tensor, not a view: FSDP2's pre-backward hook on a wrapped root's output
+        # would be lost to an in-place op on a view
+        return x.unsqueeze(2).clone()

@@ -155,4 +155,6 @@ class WXFormerNext(nn.Module):
         x = resize(self.up_block4(x), spec.grid)
         if self.dec_col_attn is not None:
             x = torch.cat([self.dec_col_attn(x[:, :atmos]), x[:, atmos:]], dim=1)
-        return (x + base).unsqueeze(2)
+        # a fresh tensor, not a view: FSDP2's pre-backward hook on a wrapped root's output
+        # would be lost to an in-place op on a view
+        return (x + base).unsqueeze(2).clone()

@@ -95,3 +95,21 @@ def test_a_channel_layout_other_than_the_checkpoints_is_one_clear_error(credit_l
                         "data.levels=[500,850]", f"run_dir={tmp_path / 'run'}", f"trainer.resume={out}"])
     assert code == 2
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_credit_checkpoint_file_resumes_directly(credit_layout_data, tmp_path):
+    """`trainer.resume=checkpoint.pt` with the model overrides: CREDIT's file, remapped on load."""
+    from credit.checkpoint.from_credit import model_overrides
+    from credit.models.credit_checkpoint import read_credit_model_section
+    from credit.models.credit_config import resolve_credit_model
+
+    overrides = model_overrides(*resolve_credit_model(read_credit_model_section(FIXTURE / "model.yml")))
+    run_dir = tmp_path / "run"
+    code = credit_main(["train", *overrides, f"data.root={credit_layout_data}", "data.generate_if_missing=false",
+                        "data.train_period=[2000-01-01,2000-01-04]", "data.valid_period=[2001-01-01,2001-01-04]",
+                        "data.valid_samples=2", "trainer.batch_size=1", "trainer.max_steps=1",
+                        "trainer.progress_bar=false", f"run_dir={run_dir}",
+                        f"trainer.resume={FIXTURE / 'checkpoint.pt'}"])
+    assert code == 0
+    rows = read_metrics(f"{run_dir}/metrics.csv")
+    assert [int(r["step"]) for r in rows] == [1] and float(rows[0]["loss"]) > 0

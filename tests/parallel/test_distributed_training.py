@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from launcher import RankFailure, run_ranks
+from processes import kill_last_rank
 from tiny import tiny_overrides
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -187,11 +188,6 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert torch.equal(state["model"]["w"], torch.ones(8, 8))
 
 
-def _children(pid):
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
 def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, tmp_path):
     """SIGKILL one rank of a 4-rank torchrun launch between checkpoints; resume=auto
     relaunches and finishes with the losses of the uninterrupted run (the fixture's 12
@@ -211,7 +207,7 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, 
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = killed / "metrics.csv"
         if metrics.exists() and len(metrics.read_text().splitlines()) > 7:  # 7 steps logged
-            os.kill(_children(agent.pid)[-1], signal.SIGKILL)  # the last rank
+            kill_last_rank(agent.pid)  # frozen first: no rank reaches step 12 meanwhile
             break
         time.sleep(0.01)
     assert agent.wait(timeout=120) != 0

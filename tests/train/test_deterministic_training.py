@@ -14,13 +14,13 @@ uninterrupted run's bits.
 import csv
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from processes import kill_last_rank
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
@@ -89,11 +89,6 @@ def test_the_run_trains(runs):
     assert losses[-1] < losses[0]
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
 def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, tmp_path):
     from tiny import tiny_data_overrides
 
@@ -117,7 +112,7 @@ def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, t
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = run / "metrics.csv"
         if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= kill_after:
-            os.kill(_children(agent.pid)[-1], signal.SIGKILL)  # one rank, mid-step
+            kill_last_rank(agent.pid)  # one rank, mid-step (the launch frozen around the kill)
             break
         time.sleep(0.02)
     assert agent.wait(timeout=120) != 0, f"the run finished before the kill after step {kill_after}"
