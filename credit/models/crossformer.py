@@ -55,6 +55,13 @@ class CreditSpec:
     def grid(self) -> tuple[int, int]:
         return self.image_height, self.image_width
 
+    def check_input(self, x: torch.Tensor, model: str) -> None:
+        """CREDIT's (B, C, T, H, W) of this spec, or a ValueError saying what was expected."""
+        expected = (self.frame_channels, self.frames, *self.grid)
+        if x.dim() != 5 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"{model} expects input (B, {', '.join(map(str, expected))}) "
+                             f"(B, C, T, H, W), got {tuple(x.shape)}")
+
 
 def build_encoder(spec: CreditSpec, in_channels: int) -> nn.ModuleList:
     """`layers`: four (CrossEmbedLayer, Transformer) pairs."""
@@ -108,10 +115,7 @@ class CrossFormer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        expected = (spec.frame_channels, spec.frames, *spec.grid)
-        if x.dim() != 5 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"crossformer expects input (B, {', '.join(map(str, expected))}) "
-                             f"(B, C, T, H, W), got {tuple(x.shape)}")
+        spec.check_input(x, "crossformer")
         if self.padding:
             x = self.padding.pad(x)
         x = x.flatten(1, 2)  # channel-major, time-minor

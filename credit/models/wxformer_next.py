@@ -128,10 +128,7 @@ class WXFormerNext(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        expected = (spec.frame_channels, spec.frames, *spec.grid)
-        if x.dim() != 5 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"wxformer_next expects input (B, {', '.join(map(str, expected))}) "
-                             f"(B, C, T, H, W), got {tuple(x.shape)}")
+        spec.check_input(x, "wxformer_next")
         frames = x.transpose(1, 2)  # (B, T, C, H, W): time-major
         per_frame, out_ch = spec.frame_channels, spec.output_channels
         # the residual base: CREDIT takes out_ch channels from the start of the last frame

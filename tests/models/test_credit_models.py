@@ -116,3 +116,10 @@ def test_a_checkpoint_of_another_shape_is_one_clear_error(tmp_path):
     (tmp_path / "broken.pt").write_bytes((folder / "checkpoint.pt").read_bytes()[:5000])
     with pytest.raises(CreditCheckpointError, match="broken.pt: not a readable torch checkpoint"):
         from_credit(folder / "model.yml", tmp_path / "broken.pt")
+
+
+def test_an_input_of_another_layout_names_the_expected_one():
+    folder = FIXTURES / "wxformer_next_linear"
+    model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
+    with pytest.raises(ValueError, match=r"wxformer_next expects input \(B, 21, 2, 32, 64\)"):
+        model(torch.zeros(1, 21, 1, 32, 64))
