@@ -206,8 +206,8 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = killed / "metrics.csv"
-        if metrics.exists() and len(metrics.read_text().splitlines()) > 7:  # 7 steps logged
-            kill_last_rank(agent.pid)  # frozen first: no rank reaches step 12 meanwhile
+        if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= 7:
+            assert kill_last_rank(agent.pid) == 3  # frozen first: no rank reaches step 12 meanwhile
             break
         time.sleep(0.01)
     assert agent.wait(timeout=120) != 0

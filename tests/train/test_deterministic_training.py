@@ -112,7 +112,7 @@ def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, t
     while time.monotonic() < deadline and agent.poll() is None:
         metrics = run / "metrics.csv"
         if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= kill_after:
-            kill_last_rank(agent.pid)  # one rank, mid-step (the launch frozen around the kill)
+            assert kill_last_rank(agent.pid) == 3  # one rank, mid-step (the launch frozen around the kill)
             break
         time.sleep(0.02)
     assert agent.wait(timeout=120) != 0, f"the run finished before the kill after step {kill_after}"
