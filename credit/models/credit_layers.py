@@ -15,8 +15,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from credit.config.validate import heads_split_error
+from credit.kernels.gemm._dtensor import tree_all_reduce_grad
 
 
 class ChannelLayerNorm(nn.Module):
@@ -125,9 +127,15 @@ class Attention(nn.Module):
         return x.reshape(b, h, w, c)
 
     def position_bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """(window², window²) bias added to every head's scores."""
-        table = self.dpb(self.rel_offsets.to(dtype))
-        return table[self.rel_pos_indices]
+        """(window², window²) bias added to every head's scores.
+
+        Under tensor parallelism a rank adds it to its own heads only, so its gradient there
+        is a partial sum over heads: the ranks' partials are added (fixed tree, rank order)
+        before they reach the position-bias MLP, whose weights every tp rank holds whole."""
+        bias = self.dpb(self.rel_offsets.to(dtype))[self.rel_pos_indices]
+        if isinstance(self.to_q.weight, DTensor):
+            bias = tree_all_reduce_grad(bias, self.to_q.weight.device_mesh.get_group())
+        return bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         windows = self._to_windows(self.norm(x))

@@ -1,6 +1,7 @@
-"""CREDIT's checkpoints forecast what CREDIT forecasts under tensor parallelism: the
-fixtures of tests/models/test_credit_models.py at tp=2 on real gloo ranks (every fixture's
-first stage has two heads, so tp=2 is the largest split they allow)."""
+"""CREDIT's checkpoints forecast what CREDIT forecasts under tensor parallelism, and train
+the same: the fixtures of tests/models/test_credit_models.py at tp=2 on real gloo ranks
+(every fixture's first stage has two heads, so tp=2 is the largest split they allow), their
+output against CREDIT's and every parameter's gradient against one process's."""
 
 from pathlib import Path
 
@@ -18,7 +19,17 @@ def relative_difference(ours: torch.Tensor, credit: torch.Tensor) -> float:
     return ((ours - credit).abs().max() / credit.abs().max()).item()
 
 
-def _tp_forward(names):
+def _loss_gradients(model: torch.nn.Module, folder: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    out = model(torch.load(folder / "input.pt"))
+    out.square().mean().backward()
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        grads[name] = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return out.detach(), grads
+
+
+def _tp_forward_backward(names):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -30,17 +41,33 @@ def _tp_forward(names):
         folder = FIXTURES / name
         model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
         sharded = apply_native_tensor_parallel(model, mesh)
-        with torch.no_grad():
-            out = model(torch.load(folder / "input.pt"))
-        results[name] = (sharded, relative_difference(out, torch.load(folder / "output.pt")))
+        out, grads = _loss_gradients(model, folder)
+        results[name] = (sharded, relative_difference(out, torch.load(folder / "output.pt")), grads)
     return results
 
 
-def test_forward_matches_credit_at_tp2():
-    for rank_result in run_ranks(_tp_forward, 2, NAMES):
+def gradient_errors(ours: dict[str, torch.Tensor], serial: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Each gradient's largest difference relative to its own largest value, floored at 1e-3
+    of the model's largest gradient (some are float noise around zero, e.g. the last bias of
+    a position-bias MLP, whose softmax gradients sum to zero)."""
+    scale = max(g.abs().max().item() for g in serial.values())
+    return {name: (ours[name] - g).abs().max().item() / max(g.abs().max().item(), 1e-3 * scale)
+            for name, g in serial.items()}
+
+
+def test_forward_matches_credit_and_gradients_match_one_process_at_tp2():
+    serial = {}
+    for name in NAMES:
+        model = from_credit(FIXTURES / name / "model.yml", FIXTURES / name / "checkpoint.pt")
+        serial[name] = _loss_gradients(model, FIXTURES / name)[1]
+    for rank_result in run_ranks(_tp_forward_backward, 2, NAMES):
         for name in NAMES:
-            sharded, difference = rank_result[name]
+            sharded, difference, grads = rank_result[name]
             assert sharded > 0, name  # the attention and feed-forward blocks really are split
             assert difference <= TOLERANCE, (name, difference)
-
-
+            errors = gradient_errors(grads, serial[name])
+            # the position-bias MLPs included: every head's scores feed them, so a rank alone
+            # holds only a partial gradient (off by 1.3-6.7x before the tp sum was added)
+            assert any(".dpb." in n for n in errors)
+            worst = max(errors, key=errors.get)
+            assert errors[worst] <= 1e-2, (name, worst, errors[worst])
