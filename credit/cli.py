@@ -148,10 +148,11 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
         nproc, overrides = _split_nproc(args)
         cfg = compose_config(overrides)
         if nproc is not None:
-            from credit.parallel.mesh import resolve_layout
+            from credit.parallel.mesh import deterministic_spectral_norm, resolve_layout
 
             par = cfg.trainer.parallelism
-            resolve_layout(nproc, par.data, par.tensor)
+            resolve_layout(nproc, par.data, par.tensor,
+                           deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
     except (ConfigError, ValueError) as error:
         return _fail(str(error)), None
     if nproc is not None and nproc > 1:
@@ -279,9 +280,10 @@ def _probe(args: Sequence[str]) -> int:
         cfg.diagnostics.sdc.checks = (["comm"] if world > 1 else []) + \
             (["replica"] if tensor > 1 else []) + ["compute"]
         if nproc is not None:
-            from credit.parallel.mesh import resolve_layout
+            from credit.parallel.mesh import deterministic_spectral_norm, resolve_layout
 
-            resolve_layout(nproc, "fsdp2", cfg.trainer.parallelism.tensor)
+            resolve_layout(nproc, "fsdp2", cfg.trainer.parallelism.tensor,
+                           deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
     except (ConfigError, ValueError) as error:
         return _fail(str(error))
     flags = [f"{k}={v}" for k, v in sizes.items()]

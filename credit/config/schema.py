@@ -69,7 +69,7 @@ class CreditModelConfig:
     ff_dropout: float = 0.0
     use_spectral_norm: bool = False
     spectral_norm_tp: str = "shard"  # shard | replicate: spectral-normed blocks under tensor parallelism
-    gemm: str = "fast"  # fast (deterministic mode is not yet available for CREDIT's models)
+    gemm: str = "fast"  # fast | deterministic: layout-invariant bits (docs/determinism.md)
 
 
 @dataclass

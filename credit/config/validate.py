@@ -120,8 +120,6 @@ def _validate_credit_model(model: DictConfig) -> None:
     doubling = [last // 8, last // 4, last // 2, last]
     _check(list(model.dim) == doubling and last % 8 == 0, "model.dim", model.dim,
            "CREDIT's decoder needs stage widths that double: (d, 2d, 4d, 8d)")
-    _check(model.gemm == "fast", "model.gemm", model.gemm,
-           f"deterministic mode is not yet available for model.name={model.name}; use 'fast'")
     for key in ("image_height", "image_width", "frames", "channels", "levels"):
         _check(model[key] is None or model[key] >= 1, f"model.{key}", model[key], "must be >= 1 or null")
     for key in ("surface_channels", "input_only_channels", "output_only_channels"):
@@ -144,17 +142,28 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
     _validate_stages(model, tensor, credit_layout)
     if credit_layout:
         _validate_credit_model(model)
-        return
-    _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
-    _check(model.padding in ("earth", "none"), "model.padding", model.padding,
-           "allowed: 'earth', 'none'")
+    else:
+        _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
+        _check(model.padding in ("earth", "none"), "model.padding", model.padding,
+               "allowed: 'earth', 'none'")
     if model.gemm == "deterministic":
-        for i, width in enumerate(model.dim):
-            for what, key, w in (("attention width", f"model.dim[{i}]", width),
-                                 ("feed-forward width", f"model.dim[{i}]*model.ff_mult", width * model.ff_mult)):
-                problem = deterministic_split_error(f"stage {i}'s {what}", key, w, tensor)
-                if problem:
-                    raise ConfigError(problem)
+        _validate_deterministic_widths(model, tensor, credit_layout)
+
+
+def _validate_deterministic_widths(model: DictConfig, tensor: int, credit_layout: bool) -> None:
+    """Every tensor-parallel width must split by the alignment rule (CREDIT's feed-forward
+    is 4x the stage width; wxformer_next's bottleneck MLP 2x the last stage's)."""
+    ff_mult, ff_key = (4, "4*model.dim") if credit_layout else (model.ff_mult, "model.ff_mult*model.dim")
+    widths = []
+    for i, width in enumerate(model.dim):
+        widths += [(f"stage {i}'s attention width", f"model.dim[{i}]", width),
+                   (f"stage {i}'s feed-forward width", f"{ff_key}[{i}]", width * ff_mult)]
+    if model.name == "wxformer_next":
+        widths.append(("the spectral bottleneck's MLP width", "2*model.dim[-1]", 2 * model.dim[-1]))
+    for what, key, width in widths:
+        problem = deterministic_split_error(what, key, width, tensor)
+        if problem:
+            raise ConfigError(problem)
 
 
 def _parse_time(key: str, value: str) -> np.datetime64:

@@ -83,7 +83,7 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     if name in CREDIT_TYPES:
         try:
             kind, values = resolve_credit_model(credit_arguments(model_cfg, layout["credit_channels"]))
-            return build_credit_model(kind, values)
+            return build_credit_model(kind, values, model_cfg.get("gemm", "fast"))
         except ValueError as error:  # a model key that does not fit the data's grid or channels
             raise ConfigError(str(error)) from None
     spec = model_spec(model_cfg, **layout)

@@ -124,22 +124,23 @@ def padding_from_conf(conf: Mapping[str, Any] | None) -> BoundaryPadding | None:
                            tuple(conf.get("pad_lon", (40, 40))))
 
 
-def build_credit_model(kind: str, values: Mapping[str, Any]) -> nn.Module:
+def build_credit_model(kind: str, values: Mapping[str, Any], gemm: str = "fast") -> nn.Module:
     """One of CREDIT's architectures from resolved arguments (`resolve_credit_model`),
-    spectral-normalised where CREDIT normalises."""
+    spectral-normalised where CREDIT normalises; `gemm` is `model.gemm` (fast | deterministic)."""
     spec = credit_spec(values)
     if kind == "crossformer":
-        model = CrossFormer(spec, interp=bool(values["interp"]), padding=padding_from_conf(values["padding_conf"]))
+        model = CrossFormer(spec, interp=bool(values["interp"]), padding=padding_from_conf(values["padding_conf"]),
+                            gemm=gemm)
         normalised = [model]
     else:
         model = WXFormerNext(spec, col_attn_heads=int(values["col_attn_heads"]),
                              col_attn_stride=int(values["col_attn_stride"]),
                              decoder_col_attn=bool(values["decoder_col_attn"]),
-                             num_spectral_nodes=int(values["num_spectral_nodes"]))
+                             num_spectral_nodes=int(values["num_spectral_nodes"]), gemm=gemm)
         # CREDIT leaves the level embedding (no layers) and the column attention unnormalised
         normalised = [model.layers, model.spectral_bottleneck, model.up_block1, model.up_block2,
                       model.up_block3, model.up_block4]
     if spec.use_spectral_norm:
         for part in normalised:
-            apply_spectral_norm(part)
+            apply_spectral_norm(part, deterministic=gemm == "deterministic")
     return model

@@ -6,6 +6,10 @@ older 1x1 convolutions load through `credit.models.credit_checkpoint`), and each
 tensor-parallel block declares its `_tp_plan` beside it. A transformer stage permutes to
 channels-last once and back once, so the channel LayerNorm (`norm.g`, `norm.b`, shaped
 (1, C, 1, 1) as CREDIT stores them) runs as `F.layer_norm` over the last dimension.
+
+`gemm="deterministic"` builds the same parameters with the fixed-tree layers of
+`credit.models.modes.layer_kit` and the written-out attention of `credit.models.credit_det`
+(see docs/determinism.md).
 """
 
 from __future__ import annotations
@@ -18,34 +22,44 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from credit.config.validate import heads_split_error
+from credit.kernels.gemm import DetLinear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
+from credit.models.credit_det import windowed_attention
+from credit.models.det_layers import channel_affine
+from credit.models.dropout import IndexedDropout
+from credit.models.fanout import fan_out
+from credit.models.modes import check_deterministic_split, layer_kit, shard_of
 
 
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over channels with CREDIT's parameter names and shapes, applied to a
     channels-last tensor (..., C)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, deterministic: bool = False) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.deterministic = eps, deterministic
         self.g = nn.Parameter(torch.ones(1, dim, 1, 1))
         self.b = nn.Parameter(torch.zeros(1, dim, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x.shape[-1]
+        if self.deterministic:  # per-row normalisation, affine gradients by the row tree
+            return channel_affine(F.layer_norm(x, (c,), None, None, self.eps), self.g.reshape(c),
+                                  self.b.reshape(c))
         return F.layer_norm(x, (c,), self.g.reshape(c), self.b.reshape(c), self.eps)
 
 
 class DynamicPositionBias(nn.Module):
     """An MLP from a relative (dy, dx) offset to one attention bias, shared by all heads."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, gemm: str = "fast") -> None:
         super().__init__()
+        kit = layer_kit(gemm)
         self.layers = nn.Sequential(
-            nn.Linear(2, dim), nn.LayerNorm(dim), nn.ReLU(),
-            nn.Linear(dim, dim), nn.LayerNorm(dim), nn.ReLU(),
-            nn.Linear(dim, dim), nn.LayerNorm(dim), nn.ReLU(),
-            nn.Linear(dim, 1),
+            kit.linear(2, dim), kit.layer_norm(dim), nn.ReLU(),
+            kit.linear(dim, dim), kit.layer_norm(dim), nn.ReLU(),
+            kit.linear(dim, dim), kit.layer_norm(dim), nn.ReLU(),
+            kit.linear(dim, 1),
         )
 
     def forward(self, offsets: torch.Tensor) -> torch.Tensor:
@@ -78,7 +92,7 @@ class Attention(nn.Module):
     _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
 
     def __init__(self, dim: int, attn_type: str, window_size: int, dim_head: int,
-                 dropout: float) -> None:
+                 dropout: float, gemm: str = "fast") -> None:
         super().__init__()
         if attn_type not in ("short", "long"):
             raise ValueError(f"attention type {attn_type!r} is not 'short' or 'long'")
@@ -86,12 +100,15 @@ class Attention(nn.Module):
         inner = heads * dim_head
         self.heads, self.dim_head = heads, dim_head
         self.attn_type, self.window_size, self.dropout = attn_type, window_size, dropout
-        self.norm = ChannelLayerNorm(dim)
-        self.to_q = nn.Linear(dim, inner, bias=False)
-        self.to_k = nn.Linear(dim, inner, bias=False)
-        self.to_v = nn.Linear(dim, inner, bias=False)
-        self.to_out = nn.Linear(inner, dim)
-        self.dpb = DynamicPositionBias(dim // 4)
+        linear = layer_kit(gemm).linear
+        self.norm = ChannelLayerNorm(dim, deterministic=gemm == "deterministic")
+        self.to_q = linear(dim, inner, bias=False)
+        self.to_k = linear(dim, inner, bias=False)
+        self.to_v = linear(dim, inner, bias=False)
+        self.to_out = linear(inner, dim)
+        self.dpb = DynamicPositionBias(dim // 4, gemm)
+        # deterministic mode: the attention written out, its dropout indexed by global head
+        self.indexed_dropout = IndexedDropout(dropout) if gemm == "deterministic" else None
         pos = torch.arange(-window_size, window_size + 1, dtype=torch.float32)
         offsets = torch.stack(torch.meshgrid(pos, pos, indexing="ij")).flatten(1).t()
         self.register_buffer("rel_offsets", offsets, persistent=False)
@@ -106,6 +123,8 @@ class Attention(nn.Module):
                 f"model.dim_head={module.dim_head}) cannot be split over "
                 f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
+        if isinstance(module.to_q, DetLinear):
+            check_deterministic_split("attention width", module.to_q.out_features, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -137,7 +156,27 @@ class Attention(nn.Module):
             bias = tree_all_reduce_grad(bias, self.to_q.weight.device_mesh.get_group())
         return bias
 
+    def _forward_deterministic(self, x: torch.Tensor) -> torch.Tensor:
+        """Projections per sample before windowing (each sample's rows stay together for the
+        row tree), q/k/v input gradients added in order, the bias computed per sample."""
+        for_q, for_k, for_v = fan_out(self.norm(x), 3)
+        q, k, v = (self._to_windows(proj(t)) for proj, t in
+                   ((self.to_q, for_q), (self.to_k, for_k), (self.to_v, for_v)))
+        batch = x.shape[0]
+        table = self.dpb(self.rel_offsets.to(q.dtype).expand(batch, -1, -1).contiguous())
+        weight = self.to_q.weight
+        head_offset, global_width = shard_of(weight)
+        attended = windowed_attention(
+            q, k, v, table[:, self.rel_pos_indices], dim_head=self.dim_head, dropout=self.indexed_dropout,
+            training=self.training, head_offset=head_offset // self.dim_head,
+            global_heads=global_width // self.dim_head,
+            group=weight.device_mesh.get_group() if isinstance(weight, DTensor) else None,
+        )
+        return self.to_out(self._from_windows(attended, (*x.shape[:-1], q.shape[-1])))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.indexed_dropout is not None:
+            return self._forward_deterministic(x)
         windows = self._to_windows(self.norm(x))
         q, k, v = self.to_q(windows), self.to_k(windows), self.to_v(windows)
         n, length, width = q.shape
@@ -160,14 +199,25 @@ class FeedForward(nn.Module):
     # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
     _tp_plan = {"layers.1": "colwise", "layers.4": "rowwise"}
 
-    def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0, gemm: str = "fast") -> None:
         super().__init__()
+        deterministic = gemm == "deterministic"
+        linear = layer_kit(gemm).linear
         self.layers = nn.Sequential(
-            ChannelLayerNorm(dim), nn.Linear(dim, dim * mult), nn.GELU(), nn.Dropout(dropout),
-            nn.Linear(dim * mult, dim),
+            ChannelLayerNorm(dim, deterministic=deterministic), linear(dim, dim * mult), nn.GELU(),
+            IndexedDropout(dropout) if deterministic else nn.Dropout(dropout), linear(dim * mult, dim),
         )
 
+    @staticmethod
+    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
+        if isinstance(module.layers[1], DetLinear):
+            check_deterministic_split("feed-forward width", module.layers[1].out_features, tp_size)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm, up, act, dropout, down = self.layers
+        if isinstance(dropout, IndexedDropout):  # masks indexed by global hidden column
+            offset, width = shard_of(up.weight)
+            return down(dropout(act(up(norm(x))), col_offset=offset, global_cols=width))
         return self.layers(x)
 
 
@@ -176,14 +226,14 @@ class Transformer(nn.Module):
     each residual, on a (B, C, H, W) grid."""
 
     def __init__(self, dim: int, *, local_window_size: int, global_window_size: int, depth: int,
-                 dim_head: int, attn_dropout: float, ff_dropout: float) -> None:
+                 dim_head: int, attn_dropout: float, ff_dropout: float, gemm: str = "fast") -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             nn.ModuleList([
-                Attention(dim, "short", local_window_size, dim_head, attn_dropout),
-                FeedForward(dim, dropout=ff_dropout),
-                Attention(dim, "long", global_window_size, dim_head, attn_dropout),
-                FeedForward(dim, dropout=ff_dropout),
+                Attention(dim, "short", local_window_size, dim_head, attn_dropout, gemm),
+                FeedForward(dim, dropout=ff_dropout, gemm=gemm),
+                Attention(dim, "long", global_window_size, dim_head, attn_dropout, gemm),
+                FeedForward(dim, dropout=ff_dropout, gemm=gemm),
             ])
             for _ in range(depth)
         )
@@ -202,8 +252,11 @@ class CrossEmbedLayer(nn.Module):
     """Strided convolutions of several kernel sizes, concatenated along channels; each
     branch is CREDIT's (ZeroPad2d, Conv2d) pair, padded so all land on the same grid."""
 
-    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int) -> None:
+    def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int,
+                 gemm: str = "fast") -> None:
         super().__init__()
+        conv = layer_kit(gemm).conv
+        self.ordered_fan_out = gemm == "deterministic"  # three or more readers of x
         kernels = sorted(kernel_sizes)
         widths = [int(dim_out / 2 ** i) for i in range(1, len(kernels))]
         widths.append(dim_out - sum(widths))
@@ -213,11 +266,12 @@ class CrossEmbedLayer(nn.Module):
             left = total // 2
             self.convs.append(nn.Sequential(
                 nn.ZeroPad2d((left, total - left, left, total - left)),
-                nn.Conv2d(dim_in, width, kernel, stride=stride),
+                conv(dim_in, width, kernel, stride=stride),
             ))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([conv(x) for conv in self.convs], dim=1)
+        inputs = fan_out(x, len(self.convs)) if self.ordered_fan_out else [x] * len(self.convs)
+        return torch.cat([conv(xi) for conv, xi in zip(self.convs, inputs)], dim=1)
 
 
 def icnr_(weight: torch.Tensor, scale: int) -> None:
@@ -234,18 +288,19 @@ class UpBlockPS(nn.Module):
     residual stack of (3x3 convolution, GroupNorm, SiLU) pairs."""
 
     def __init__(self, in_ch: int, out_ch: int, num_groups: int, scale: int = 2,
-                 num_residuals: int = 2) -> None:
+                 num_residuals: int = 2, gemm: str = "fast") -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_ch, out_ch * scale ** 2, 3, padding=1)
+        kit = layer_kit(gemm)
+        self.conv = kit.conv(in_ch, out_ch * scale ** 2, 3, padding=1)
         icnr_(self.conv.weight, scale)
         nn.init.zeros_(self.conv.bias)
         self.ps = nn.PixelShuffle(scale)
-        self.sharp = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.sharp = kit.conv(out_ch, out_ch, 3, padding=1)
         nn.init.xavier_normal_(self.sharp.weight)
         nn.init.zeros_(self.sharp.bias)
         stack: list[nn.Module] = []
         for _ in range(num_residuals):
-            stack += [nn.Conv2d(out_ch, out_ch, 3, padding=1), nn.GroupNorm(num_groups, out_ch), nn.SiLU()]
+            stack += [kit.conv(out_ch, out_ch, 3, padding=1), kit.group_norm(num_groups, out_ch), nn.SiLU()]
         self.b = nn.Sequential(*stack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,14 +309,15 @@ class UpBlockPS(nn.Module):
         return self.b(x) + x
 
 
-def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2) -> nn.Sequential:
+def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2, gemm: str = "fast") -> nn.Sequential:
     """CREDIT's last up block: a sub-pixel convolution to the output channels, pixel
     shuffle, and a 3x3 convolution (`up_block4.0`, `up_block4.2`)."""
-    first = nn.Conv2d(in_ch, out_ch * scale ** 2, 3, padding=1)
+    conv = layer_kit(gemm).conv
+    first = conv(in_ch, out_ch * scale ** 2, 3, padding=1)
     if icnr:
         icnr_(first.weight, scale)
         nn.init.zeros_(first.bias)
-    return nn.Sequential(first, nn.PixelShuffle(scale), nn.Conv2d(out_ch, out_ch, 3, padding=1))
+    return nn.Sequential(first, nn.PixelShuffle(scale), conv(out_ch, out_ch, 3, padding=1))
 
 
 def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

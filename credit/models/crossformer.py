@@ -18,6 +18,7 @@ from torch import nn
 from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS, check_windows,
                                          output_head, resize)
 from credit.models.credit_padding import BoundaryPadding
+from credit.models.dropout import IndexedDropout
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,26 @@ class CreditSpec:
                              f"(B, C, T, H, W), got {tuple(x.shape)}")
 
 
-def build_encoder(spec: CreditSpec, in_channels: int) -> nn.ModuleList:
+def build_encoder(spec: CreditSpec, in_channels: int, gemm: str = "fast") -> nn.ModuleList:
     """`layers`: four (CrossEmbedLayer, Transformer) pairs."""
     dims = (in_channels, *spec.dim)
     return nn.ModuleList(
         nn.ModuleList([
-            CrossEmbedLayer(dims[i], dims[i + 1], spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i]),
+            CrossEmbedLayer(dims[i], dims[i + 1], spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i],
+                            gemm),
             Transformer(dims[i + 1], local_window_size=spec.local_window_size[i],
                         global_window_size=spec.global_window_size[i], depth=spec.depth[i],
-                        dim_head=spec.dim_head, attn_dropout=spec.attn_dropout, ff_dropout=spec.ff_dropout),
+                        dim_head=spec.dim_head, attn_dropout=spec.attn_dropout, ff_dropout=spec.ff_dropout,
+                        gemm=gemm),
         ])
         for i in range(4)
     )
+
+
+def number_dropouts(model: nn.Module) -> None:
+    """Each indexed dropout draws its own stream: number them in module order."""
+    for layer, module in enumerate(m for m in model.modules() if isinstance(m, IndexedDropout)):
+        module.layer = layer
 
 
 def check_decoder_widths(dim: tuple[int, ...]) -> None:
@@ -97,7 +106,7 @@ class CrossFormer(nn.Module):
     _shard_units = ("layers.0", "layers.1", "layers.2", "layers.3", "up_block1", "up_block2", "up_block3", "up_block4")
 
     def __init__(self, spec: CreditSpec, *, interp: bool = True,
-                 padding: BoundaryPadding | None = None) -> None:
+                 padding: BoundaryPadding | None = None, gemm: str = "fast") -> None:
         super().__init__()
         check_decoder_widths(spec.dim)
         self.spec, self.use_interp, self.padding = spec, interp, padding
@@ -106,12 +115,13 @@ class CrossFormer(nn.Module):
             padding.check(spec.grid)
         check_windows(padded, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
                       "the padded grid" if padding else "the grid")
-        self.layers = build_encoder(spec, spec.frame_channels * spec.frames)
+        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm)
         last = spec.dim[-1]
-        self.up_block1 = UpBlockPS(last, last // 2, spec.dim[0])
-        self.up_block2 = UpBlockPS(last, last // 4, spec.dim[0])
-        self.up_block3 = UpBlockPS(last // 2, last // 8, spec.dim[0])
-        self.up_block4 = output_head(last // 4, spec.output_channels, icnr=True)
+        self.up_block1 = UpBlockPS(last, last // 2, spec.dim[0], gemm=gemm)
+        self.up_block2 = UpBlockPS(last, last // 4, spec.dim[0], gemm=gemm)
+        self.up_block3 = UpBlockPS(last // 2, last // 8, spec.dim[0], gemm=gemm)
+        self.up_block4 = output_head(last // 4, spec.output_channels, icnr=True, gemm=gemm)
+        number_dropouts(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec

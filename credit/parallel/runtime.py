@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from credit.parallel.mesh import (
     ParallelLayout,
     build_device_mesh,
+    deterministic_spectral_norm,
     init_distributed,
     launched_world_size,
     resolve_layout,
@@ -51,7 +52,8 @@ def build_runtime(cfg: DictConfig) -> Runtime:
     process group and build the named (dp, tp) mesh; a single process gets no mesh."""
     device = resolve_device(cfg.trainer.device)
     par = cfg.trainer.parallelism
-    layout = resolve_layout(launched_world_size(), par.data, par.tensor)
+    layout = resolve_layout(launched_world_size(), par.data, par.tensor,
+                            deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
     rank, _ = init_distributed(device)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())

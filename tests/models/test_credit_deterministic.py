@@ -1,0 +1,85 @@
+"""CREDIT's models in deterministic mode (`model.gemm=deterministic`), one process: the same
+state-dict keys as the fast mode, a forecast that is the same alone or inside a batch, and
+gradients of two halves of a batch (dropout on) that add up to the whole batch's bit for
+bit, the property a dp2 split relies on. Tensor parallelism: tests/parallel/
+test_credit_deterministic_tp.py; whole training runs: tests/train/test_deterministic_training.py."""
+
+import pytest
+import torch
+
+from credit.kernels.gemm._tree import tree_sum
+from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.dropout import dropout_step
+from credit.train.deterministic import sample_sums
+
+GRID = (16, 32)
+COMMON = dict(image_height=GRID[0], image_width=GRID[1], frames=2, channels=2, levels=2, surface_channels=1,
+              input_only_channels=2, output_only_channels=1, dim=[8, 16, 32, 64], depth=[1, 1, 1, 1],
+              dim_head=4, local_window_size=[2, 2, 2, 1], global_window_size=[2, 2, 1, 1],
+              cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
+              attn_dropout=0.1, ff_dropout=0.1)
+MODELS = {
+    # earth padding 8 rows north and south (a 32 x 32 grid; 16 and 4 tokens per sample at
+    # stages 2 and 3, not whole 32-row leaves). Spectral norm off: its backward runs on each
+    # rank's gradient before the dp sum, so it is bitwise across tp degrees
+    # (tests/parallel/test_credit_deterministic_tp.py) but not across dp degrees
+    "crossformer": dict(type="crossformer", use_spectral_norm=False,
+                        padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
+    "wxformer_next": dict(type="wxformer_next", use_spectral_norm=False, col_attn_heads=2,
+                          num_spectral_nodes=8, decoder_col_attn=True),
+}
+IN_CHANNELS = 2 * 2 + 1 + 2
+
+
+def model(name: str, gemm: str = "deterministic") -> torch.nn.Module:
+    torch.manual_seed(0)
+    kind, values = resolve_credit_model({**COMMON, **MODELS[name]})
+    return build_credit_model(kind, values, gemm)
+
+
+def inputs(n: int) -> torch.Tensor:
+    i = torch.arange(n * IN_CHANNELS * 2 * GRID[0] * GRID[1], dtype=torch.float64)
+    return torch.sin(i * 0.113).view(n, IN_CHANNELS, 2, *GRID).float()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_modes_share_state_dict_keys_and_shapes(name):
+    fast, det = model(name, "fast").state_dict(), model(name).state_dict()
+    assert {k: v.shape for k, v in fast.items()} == {k: v.shape for k, v in det.items()}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_forecast_is_the_same_alone_or_in_a_batch(name):
+    net = model(name).eval()
+    x = inputs(3)
+    with torch.no_grad():
+        batched = net(x)
+        for i in range(3):
+            assert torch.equal(net(x[i:i + 1])[0], batched[i]), f"sample {i}"
+        fast = model(name, "fast").eval()
+        fast.load_state_dict(net.state_dict())
+        # the same function as the fast mode, up to float32 reassociation (a LayerNorm over
+        # wxformer_next's two output channels in the decoder's column attention amplifies it)
+        reference = fast(x)
+        assert ((reference - batched).abs().max() / reference.abs().max()).item() < 1e-4
+
+
+def _grads(net, x, target, first_sample, global_batch):
+    net.zero_grad(set_to_none=True)
+    with dropout_step(seed=3, step=1, sample_offset=first_sample, local_batch=x.shape[0]):
+        sums = sample_sums(net(x), target, lambda squared: squared)
+        (tree_sum(list(sums.unbind(0))) * (1.0 / (global_batch * target[0].numel()))).backward()
+    return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradients_of_two_halves_add_up_to_the_whole_batch_bitwise(name):
+    net = model(name).train()
+    x = inputs(4)
+    target = torch.cos(x[:, :6, 1:2] * 3.0)
+    whole = _grads(net, x, target, 0, 4)
+    first = _grads(net, x[:2], target[:2], 0, 4)
+    second = _grads(net, x[2:], target[2:], 2, 4)
+    assert any(".dpb." in n for n in whole)
+    different = [n for n in whole if not torch.equal(first[n] + second[n], whole[n])]
+    assert not different, different

@@ -1,0 +1,82 @@
+"""CREDIT's models in deterministic mode: tensor parallelism changes no bit.
+
+Real gloo ranks. Each rank computes the one-process model, then the same model sharded over
+tp = 2 (each rank's part of every tensor-parallel width 32 wide, the alignment rule of
+docs/determinism.md), on the same batch with dropout and spectral norm on, and compares the
+loss, the output and every parameter's gradient bit for bit: the position-bias MLPs (whose
+gradient adds every head's) and the spectral bottleneck's tensor-parallel MLP included.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from launcher import run_ranks
+from torch.distributed.tensor import DTensor
+
+from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.dropout import dropout_step
+from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
+
+COMMON = dict(image_height=16, image_width=32, frames=1, channels=2, levels=2, surface_channels=1,
+              input_only_channels=2, output_only_channels=1, dim=[64, 128, 256, 512], depth=[1, 1, 1, 1],
+              dim_head=32, local_window_size=[2, 2, 2, 1], global_window_size=[2, 2, 1, 1],
+              cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
+              attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
+MODELS = {
+    "crossformer": dict(type="crossformer",
+                        padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
+    "wxformer_next": dict(type="wxformer_next", col_attn_heads=2, num_spectral_nodes=8),
+}
+
+
+def _batch(n: int) -> torch.Tensor:
+    i = torch.arange(n * 7 * 16 * 32, dtype=torch.float64)
+    return torch.sin(i * 0.37).view(n, 7, 1, 16, 32).float()
+
+
+def _step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with dropout_step(seed=7, step=3, sample_offset=0, local_batch=x.shape[0]):
+        y = model(x)
+    loss = y.square().mean()
+    loss.backward()
+    return loss.detach(), y.detach()
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def tp_matches_serial(names: list[str]) -> dict[str, list[str]]:
+    """Per model, what differs between one process and this rank's tp-sharded model."""
+    out = {}
+    for name in names:
+        torch.manual_seed(0)
+        kind, values = resolve_credit_model({**COMMON, **MODELS[name]})
+        model = build_credit_model(kind, values, "deterministic").train()
+        serial = copy.deepcopy(model)
+        x = _batch(2)
+        ref_loss, ref_y = _step(serial, x)
+        mesh = build_device_mesh(resolve_layout(dist.get_world_size(), "none", dist.get_world_size()), "cpu")
+        parallelize_model(model, mesh, "none")
+        loss, y = _step(model, x)
+        wrong = [] if torch.equal(loss, ref_loss) else [f"loss {loss.item()!r} vs {ref_loss.item()!r}"]
+        if not torch.equal(_full(y), ref_y):
+            wrong.append("output")
+        reference = dict(serial.named_parameters())
+        sharded = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+        wrong += [f"grad {n}" for n, p in model.named_parameters()
+                  if not torch.equal(_full(p.grad), reference[n].grad)]
+        out[name] = wrong if sharded else ["nothing was sharded"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp2():
+    return run_ranks(tp_matches_serial, 2, list(MODELS))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tp2_is_bitwise_one_process(tp2, name):
+    assert [rank[name] for rank in tp2] == [[], []], tp2[0][name][:8]
