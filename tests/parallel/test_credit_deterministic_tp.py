@@ -12,11 +12,11 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from tp_step import full, step_with_dropout
 from launcher import run_ranks
 from torch.distributed.tensor import DTensor
 
 from credit.models.credit_config import build_credit_model, resolve_credit_model
-from credit.models.dropout import dropout_step
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
 
 COMMON = dict(image_height=16, image_width=32, frames=1, channels=2, levels=2, surface_channels=1,
@@ -36,18 +36,6 @@ def _batch(n: int) -> torch.Tensor:
     return torch.sin(i * 0.37).view(n, 7, 1, 16, 32).float()
 
 
-def _step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    with dropout_step(seed=7, step=3, sample_offset=0, local_batch=x.shape[0]):
-        y = model(x)
-    loss = y.square().mean()
-    loss.backward()
-    return loss.detach(), y.detach()
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
 def tp_matches_serial(names: list[str]) -> dict[str, list[str]]:
     """Per model, what differs between one process and this rank's tp-sharded model."""
     out = {}
@@ -57,17 +45,17 @@ def tp_matches_serial(names: list[str]) -> dict[str, list[str]]:
         model = build_credit_model(kind, values, "deterministic").train()
         serial = copy.deepcopy(model)
         x = _batch(2)
-        ref_loss, ref_y = _step(serial, x)
+        ref_loss, ref_y = step_with_dropout(serial, x)
         mesh = build_device_mesh(resolve_layout(dist.get_world_size(), "none", dist.get_world_size()), "cpu")
         parallelize_model(model, mesh, "none")
-        loss, y = _step(model, x)
+        loss, y = step_with_dropout(model, x)
         wrong = [] if torch.equal(loss, ref_loss) else [f"loss {loss.item()!r} vs {ref_loss.item()!r}"]
-        if not torch.equal(_full(y), ref_y):
+        if not torch.equal(full(y), ref_y):
             wrong.append("output")
         reference = dict(serial.named_parameters())
         sharded = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
         wrong += [f"grad {n}" for n, p in model.named_parameters()
-                  if not torch.equal(_full(p.grad), reference[n].grad)]
+                  if not torch.equal(full(p.grad), reference[n].grad)]
         out[name] = wrong if sharded else ["nothing was sharded"]
     return out
 

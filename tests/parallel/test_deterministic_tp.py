@@ -13,11 +13,10 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from tp_step import full, step_with_dropout
 from launcher import run_ranks
-from torch.distributed.tensor import DTensor
 
 from credit.models.build import build_model
-from credit.models.dropout import dropout_step
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
 
 # widths give 32 per rank at tp = 4 (the GEMM's leaf), two stages, dropout on
@@ -30,18 +29,6 @@ LAYOUT = dict(in_channels=6, out_channels=3, state_channels=3, history_len=1, gr
 def _batch(n: int) -> torch.Tensor:
     i = torch.arange(n * 6 * 16 * 32, dtype=torch.float64)
     return torch.sin(i * 0.37).view(n, 6, 16, 32).float()
-
-
-def _step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    with dropout_step(seed=7, step=3, sample_offset=0, local_batch=x.shape[0]):
-        y = model(x)
-    loss = y.square().mean()
-    loss.backward()
-    return loss.detach(), y.detach()
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _ring_order(t, group):
@@ -59,15 +46,15 @@ def tp_matches_serial(data: str) -> list[str]:
     model = build_model(DET_MODEL, **LAYOUT).train()
     serial = copy.deepcopy(model)
     x = _batch(2)
-    ref_loss, ref_y = _step(serial, x)
+    ref_loss, ref_y = step_with_dropout(serial, x)
 
     mesh = build_device_mesh(resolve_layout(dist.get_world_size(), data, dist.get_world_size()), "cpu")
     parallelize_model(model, mesh, data)
-    loss, y = _step(model, x)
+    loss, y = step_with_dropout(model, x)
     wrong = []
     if not torch.equal(loss, ref_loss):
         wrong.append(f"loss {loss.item()!r} vs {ref_loss.item()!r}")
-    if not torch.equal(_full(y), ref_y):
+    if not torch.equal(full(y), ref_y):
         wrong.append("output")
     ref_grads = dict(serial.named_parameters())
     for name, p in model.named_parameters():
@@ -75,7 +62,7 @@ def tp_matches_serial(data: str) -> list[str]:
         # with its own reduction; only the tensor-parallel blocks are checked there.
         if data == "fsdp2" and not name.startswith("stages."):
             continue
-        if not torch.equal(_full(p.grad), ref_grads[name].grad):
+        if not torch.equal(full(p.grad), ref_grads[name].grad):
             wrong.append(f"grad {name}")
     return wrong
 
