@@ -149,13 +149,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="single")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--model", help="model=NAME to time (default: the default experiment's)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ranks, overrides = LAYOUTS[args.layout]
-    overrides = [*overrides, f"trainer.device={args.device}"]
+    overrides = [*overrides, f"trainer.device={args.device}", *([f"model={args.model}"] if args.model else [])]
+    model_args = ["--model", args.model] if args.model else []
     if args.worker == "compare":
         return compare(overrides, args.steps, args.result)
     if args.worker == "memory":
@@ -164,17 +166,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = f"{tmp}/compare.json"
         _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", str(args.steps),
-                "--worker", "compare", "--result", result)
+                *model_args, "--worker", "compare", "--result", result)
         data = json.loads(Path(result).read_text())
         peaks = {}
         for mode in ("deterministic", "fast"):
             _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", "3",
-                    "--worker", "memory", "--mode", mode, "--result", f"{tmp}/{mode}")
+                    *model_args, "--worker", "memory", "--mode", mode, "--result", f"{tmp}/{mode}")
             peaks[mode] = max(int(p.read_text()) for p in Path(tmp).glob(f"{mode}.*"))
     det, fast = (statistics.median(data["times"][m]) for m in ("deterministic", "fast"))
     ratios = [d / f for d, f in zip(data["times"]["deterministic"], data["times"]["fast"])]
     lines = [
-        f"# Deterministic vs fast train step: default experiment, layout {args.layout}",
+        f"# Deterministic vs fast train step: default experiment{f' with model={args.model}' if args.model else ''}, "
+        f"layout {args.layout}",
         "",
         f"Machine: {_machine(args.device)}, OMP_NUM_THREADS=1 per rank, {ranks} rank(s); "
         f"{args.steps} interleaved steps per mode after 2 warm-up steps.",
@@ -190,7 +193,7 @@ def main() -> None:
         f"| share of the deterministic step in GEMM kernels | {statistics.median(data['gemm_share']):.0%} | | |",
         "",
         f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --device {args.device} "
-        f"--steps {args.steps}`",
+        f"--steps {args.steps}{' --model ' + args.model if args.model else ''}`",
     ]
     report(lines, args.out)
 

@@ -46,12 +46,12 @@ def _trainer(overrides: list[str], run_dir: str, runtime=None):
     return trainer, runtime
 
 
-def compare(gemm: str, steps: int, out: str) -> None:
+def compare(gemm: str, steps: int, out: str, model: list[str]) -> None:
     import torch.distributed as dist
 
     scratch = tempfile.mkdtemp()
-    off, runtime = _trainer([f"model.gemm={gemm}"], f"{scratch}/off")
-    on, _ = _trainer([f"model.gemm={gemm}", *CHECKS], f"{scratch}/on", runtime)
+    off, runtime = _trainer([*model, f"model.gemm={gemm}"], f"{scratch}/off")
+    on, _ = _trainer([*model, f"model.gemm={gemm}", *CHECKS], f"{scratch}/on", runtime)
     off_batches, on_batches = iter(off.loader), iter(on.loader)
     times = {"off": [], "checked": [], "unchecked": []}
     verified = 0
@@ -70,16 +70,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="checked steps measured")
     parser.add_argument("--gemm", choices=["fast", "deterministic"], default="fast")
+    parser.add_argument("--model", help="model=NAME to time (default: the default experiment's)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    model = [f"model={args.model}"] if args.model else []
     if args.result:
-        return compare(args.gemm, args.steps, args.result)
+        return compare(args.gemm, args.steps, args.result, model)
     with tempfile.TemporaryDirectory() as tmp:
         result = f"{tmp}/sdc.json"
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node=4", __file__, "--gemm", args.gemm, "--steps",
-                        str(args.steps), "--result", result],
+                        str(args.steps), "--result", result, *(["--model", args.model] if args.model else [])],
                        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         data = json.loads(Path(result).read_text())
     off, checked, unchecked = (statistics.median(data["times"][k]) for k in ("off", "checked", "unchecked"))
@@ -99,7 +101,8 @@ def main() -> None:
         f"| checked step (= checks every step) | {checked:.3f} | {checked / off:.2f}x |",
         f"| **checks every 10 steps** (9 unchecked + 1 checked) | | **{every10:.2f}x** (goal <= 1.10x) |",
         "",
-        f"Reproduce: `python benchmarks/sdc.py --gemm {args.gemm} --steps {args.steps}`",
+        f"Reproduce: `python benchmarks/sdc.py --gemm {args.gemm} --steps {args.steps}"
+        f"{' --model ' + args.model if args.model else ''}`",
     ]
     report(lines, args.out)
 

@@ -244,7 +244,7 @@ def _convert(args: Sequence[str]) -> int:
         cfg = compose_config(overrides)
     except ConfigError as error:
         return _fail(str(error))
-    from credit.checkpoint.legacy import convert_checkpoint
+    from credit.checkpoint.weights import convert_checkpoint
 
     try:
         convert_checkpoint(source, out, cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TINY_LEVELS = [500, 850]
-# `model.*` of the tiny wxformer as a mapping, for building it without hydra
+# `model.*` of the tiny windowformer as a mapping, for building it without hydra
 SMALL_MODEL = dict(
     dim=[16, 32],
     depth=[1, 1],
@@ -16,6 +16,7 @@ SMALL_MODEL = dict(
     cross_embed_strides=[2, 2],
 )
 TINY_MODEL = [
+    "model=windowformer",
     "model.dim=[16,32]",
     "model.depth=[1,1]",
     "model.dim_head=8",

@@ -1,7 +1,7 @@
 """Sharded DCP checkpoints: atomic step directories, retention, the training state they hold,
-resuming (train and rollout), strict loading, and legacy weights."""
+resuming (train and rollout), strict loading, and weights brought from single files."""
 
-from credit.checkpoint.legacy import convert_checkpoint
+from credit.checkpoint.weights import convert_checkpoint
 from credit.checkpoint.manager import CheckpointError, CheckpointManager, checkpoint_keys, load_checkpoint
 
 __all__ = [

@@ -67,7 +67,7 @@ def model_config_differences(run: DictConfig, stored: DictConfig) -> list[str]:
 
 def check_resume_config(run: DictConfig, path: Path) -> None:
     """Raise CheckpointError naming every model-shaping key where `run` differs from the
-    config stored in checkpoint directory `path` (nothing to compare: a legacy file, or a
+    config stored in checkpoint directory `path` (nothing to compare: a single file, or a
     checkpoint without a config), or what is wrong with a damaged directory."""
     path = Path(path)
     if not path.is_dir():

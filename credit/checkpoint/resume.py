@@ -1,7 +1,7 @@
 """Resuming: which checkpoint a run continues from, and putting it back into the run.
 
 One home for the decision (`trainer.resume`: auto | never | a checkpoint directory | a
-legacy single file or weights-only directory), the loading (full training state, or
+single-file checkpoint or weights-only directory), the loading (full training state, or
 weights only), the EMA restart from loaded weights, the rescale of the sampler position
 when the global batch changed, and the strict loading of forecast weights for rollout.
 The trainer and rollout both come here.
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from credit.checkpoint.legacy import load_model_weights
+from credit.checkpoint.weights import load_model_weights
 from credit.checkpoint.manager import CheckpointManager, checkpoint_problem, load_checkpoint
 from credit.checkpoint.strict import check_stored_weights, check_weights, stored_shapes
 from credit.checkpoint.training_state import Progress, restore_training_state
@@ -77,7 +77,7 @@ class ResumedRun:
 def resume_training(path: Path, run: ResumedRun) -> Progress:
     """Load `path` into the run's objects (any dp x tp layout); return where to continue.
 
-    A legacy single file or a weights-only directory loads model weights only: the run
+    A single-file checkpoint or a weights-only directory loads model weights only: the run
     starts at step 0 with a fresh optimizer. A full checkpoint restores the optimizer,
     schedule, EMA and progress; the sampler position is converted when the global batch
     size differs from the one it was saved with. The EMA restarts from the loaded weights

@@ -1,6 +1,6 @@
 """Strict weight loading: a checkpoint's keys and shapes must match the model's exactly.
 
-Every load path (training resume, legacy files, weights-only directories, rollout) checks
+Every load path (training resume, single files, weights-only directories, rollout) checks
 here first, so a mismatch is one error listing every missing, unexpected and mis-shaped
 key, raised before any weight changes.
 """

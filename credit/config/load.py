@@ -61,7 +61,7 @@ def _typed_model(model: Any) -> DictConfig:
     """The `model` section merged into its type's schema (`MODEL_SCHEMAS`), so an unknown
     key, or a value of the wrong type, is an error naming it."""
     model = dict(model or {})
-    schema = MODEL_SCHEMAS.get(model.get("name", "wxformer"))
+    schema = MODEL_SCHEMAS.get(model.get("name", "windowformer"))
     if schema is None:
         raise ConfigError(f"model.name={model.get('name')!r} is invalid: allowed: {list(MODEL_SCHEMAS)}")
     try:

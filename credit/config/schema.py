@@ -16,10 +16,10 @@ from hydra.core.config_store import ConfigStore
 
 
 @dataclass
-class ModelConfig:
-    """The wxformer, sized for the embedded 32x64 grid."""
+class WindowFormerConfig:
+    """This project's compact windowformer (`model=windowformer`), sized for the embedded 32x64 grid."""
 
-    name: str = "wxformer"
+    name: str = "windowformer"
     # width of each encoder stage; 128 at stage 0 gives deterministic mode whole 32-wide GEMM
     # leaves per rank up to tp=4 (docs/determinism.md)
     dim: List[int] = field(default_factory=lambda: [128, 128, 256])
@@ -59,8 +59,9 @@ class CreditModelConfig:
     dim: List[int] = field(default_factory=lambda: [32, 64, 128, 256])
     depth: List[int] = field(default_factory=lambda: [1, 1, 1, 1])
     dim_head: int = 8
+    # windows tile the stages of 32x64 and of 16x32 grids (CREDIT's defaults also end in 1)
     global_window_size: List[int] = field(default_factory=lambda: [4, 2, 2, 1])
-    local_window_size: List[int] = field(default_factory=lambda: [4, 4, 2, 2])
+    local_window_size: List[int] = field(default_factory=lambda: [4, 4, 2, 1])
     cross_embed_kernel_sizes: List[List[int]] = field(
         default_factory=lambda: [[2, 4], [2, 4], [2, 4], [2, 4]]
     )
@@ -102,7 +103,7 @@ class WXFormerNextConfig(CreditModelConfig):
 
 
 # `model=NAME` picks one of these schemas (ConfigStore group "model")
-MODEL_SCHEMAS = {"wxformer": ModelConfig, "crossformer": CrossFormerConfig, "wxformer_next": WXFormerNextConfig}
+MODEL_SCHEMAS = {"windowformer": WindowFormerConfig, "crossformer": CrossFormerConfig, "wxformer_next": WXFormerNextConfig}
 
 
 @dataclass
@@ -161,7 +162,7 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 1e-3
+    lr: float = 3e-3  # the default experiment's; fine-tuning a CREDIT checkpoint wants less
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.01
     eps: float = 1e-8
@@ -205,7 +206,7 @@ class LossConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 100
+    max_steps: int = 200
     steps_per_job: int = 0  # stop this job after N steps (checkpointed); 0: run to max_steps
     seed: int = 42
     resume: str = "auto"  # auto | never | path to a checkpoint

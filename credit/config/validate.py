@@ -137,8 +137,8 @@ def _validate_credit_model(model: DictConfig) -> None:
 
 def validate_model(model: DictConfig, tensor: int = 1) -> None:
     credit_layout = model.name in ("crossformer", "wxformer_next")
-    _check(credit_layout or model.name == "wxformer", "model.name", model.name,
-           "allowed: 'wxformer', 'crossformer', 'wxformer_next'")
+    _check(credit_layout or model.name == "windowformer", "model.name", model.name,
+           "allowed: 'windowformer', 'crossformer', 'wxformer_next'")
     _validate_stages(model, tensor, credit_layout)
     if credit_layout:
         _validate_credit_model(model)
@@ -147,23 +147,16 @@ def validate_model(model: DictConfig, tensor: int = 1) -> None:
         _check(model.padding in ("earth", "none"), "model.padding", model.padding,
                "allowed: 'earth', 'none'")
     if model.gemm == "deterministic":
-        _validate_deterministic_widths(model, tensor, credit_layout)
+        _validate_deterministic_tensor(tensor)
 
 
-def _validate_deterministic_widths(model: DictConfig, tensor: int, credit_layout: bool) -> None:
-    """Every tensor-parallel width must split by the alignment rule (CREDIT's feed-forward
-    is 4x the stage width; wxformer_next's bottleneck MLP 2x the last stage's)."""
-    ff_mult, ff_key = (4, "4*model.dim") if credit_layout else (model.ff_mult, "model.ff_mult*model.dim")
-    widths = []
-    for i, width in enumerate(model.dim):
-        widths += [(f"stage {i}'s attention width", f"model.dim[{i}]", width),
-                   (f"stage {i}'s feed-forward width", f"{ff_key}[{i}]", width * ff_mult)]
-    if model.name == "wxformer_next":
-        widths.append(("the spectral bottleneck's MLP width", "2*model.dim[-1]", 2 * model.dim[-1]))
-    for what, key, width in widths:
-        problem = deterministic_split_error(what, key, width, tensor)
-        if problem:
-            raise ConfigError(problem)
+def _validate_deterministic_tensor(tensor: int) -> None:
+    """The GEMM's reduction tree splits in halves: tensor parallelism in deterministic mode
+    needs a power-of-two degree. (A block whose widths do not split into whole leaves is kept
+    whole on every tp rank: `credit.parallel.tensor_parallel`.)"""
+    problem = deterministic_split_error("", "", 0, tensor)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _parse_time(key: str, value: str) -> np.datetime64:

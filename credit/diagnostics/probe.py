@@ -1,6 +1,6 @@
 """`credit sdc-probe`: qualify a cluster's ranks for silent data corruption before a run.
 
-Builds a stack of identical transformer blocks (the wxformer's attention and feed-forward,
+Builds a stack of identical transformer blocks (the windowformer's attention and feed-forward,
 the same weights on every layer and every rank from a fixed seed), parallelises it like
 training does (tensor parallelism, then `fully_shard` per block), and runs it `iterations`
 times on one fixed input, every layer fed that same input. With every check of
@@ -24,7 +24,7 @@ from torch import nn
 from credit.diagnostics.checksum import bit_checksum
 from credit.diagnostics.detector import SDCDetector
 from credit.diagnostics.verdict import Mismatch, disagreeing
-from credit.models.wxformer import Attention, FeedForward
+from credit.models.windowformer import Attention, FeedForward
 from credit.parallel import build_runtime, parallelize_model
 
 log = logging.getLogger(__name__)

@@ -13,15 +13,15 @@ from credit.config.validate import ConfigError
 from credit.models.credit_config import TYPES as CREDIT_TYPES
 from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.spectral_norm import apply_spectral_norm
-from credit.models.wxformer import WXFormer, WXFormerSpec
+from credit.models.windowformer import WindowFormer, WindowFormerSpec
 
-# Keys of `model.*` that are not WXFormerSpec fields but are consumed here.
+# Keys of `model.*` that are not WindowFormerSpec fields but are consumed here.
 _BUILD_KEYS = {"name", "use_spectral_norm", "spectral_norm_tp"}  # the last: for parallelize_model
-# WXFormerSpec fields that come from the data layout, not from `model.*`.
+# WindowFormerSpec fields that come from the data layout, not from `model.*`.
 _LAYOUT_FIELDS = {"in_channels", "out_channels", "state_channels", "history_len", "grid"}
 # `model.*` keys of CREDIT's models that are this project's, not CREDIT's constructor's
 _OWN_CREDIT_KEYS = {"name", "gemm", "spectral_norm_tp"}
-MODEL_NAMES = ("wxformer", *CREDIT_TYPES)
+MODEL_NAMES = ("windowformer", *CREDIT_TYPES)
 # where each CREDIT count comes from in the data config, for the mismatch error
 _DATA_SOURCE = {
     "channels": "data.variables.upper_air", "levels": "data.levels", "surface_channels": "data.variables.surface",
@@ -31,9 +31,9 @@ _DATA_SOURCE = {
 }
 
 
-def model_spec(model_cfg: Mapping[str, Any], **layout: Any) -> WXFormerSpec:
-    """Build the wxformer's spec; an unknown `model.*` key is an error naming it."""
-    spec_keys = {f.name for f in fields(WXFormerSpec)} - _LAYOUT_FIELDS
+def model_spec(model_cfg: Mapping[str, Any], **layout: Any) -> WindowFormerSpec:
+    """Build the windowformer's spec; an unknown `model.*` key is an error naming it."""
+    spec_keys = {f.name for f in fields(WindowFormerSpec)} - _LAYOUT_FIELDS
     unknown = sorted(set(model_cfg) - spec_keys - _BUILD_KEYS)
     if unknown:
         raise ValueError(
@@ -50,7 +50,7 @@ def model_spec(model_cfg: Mapping[str, Any], **layout: Any) -> WXFormerSpec:
         elif isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str):
             value = tuple(value)
         values[key] = value
-    return WXFormerSpec(**values, **{k: layout[k] for k in _LAYOUT_FIELDS})
+    return WindowFormerSpec(**values, **{k: layout[k] for k in _LAYOUT_FIELDS})
 
 
 def credit_arguments(model_cfg: Mapping[str, Any], credit_channels: Mapping[str, int]) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     `layout` is `credit.data.model_layout`'s: in_channels, out_channels, state_channels,
     history_len, grid, and CREDIT's channel counts.
     """
-    name = model_cfg.get("name", "wxformer")
+    name = model_cfg.get("name", "windowformer")
     if name not in MODEL_NAMES:
         raise ValueError(f"model.name={name!r} is not one of {list(MODEL_NAMES)}")
     if name in CREDIT_TYPES:
@@ -87,7 +87,7 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
         except ValueError as error:  # a model key that does not fit the data's grid or channels
             raise ConfigError(str(error)) from None
     spec = model_spec(model_cfg, **layout)
-    model = WXFormer(spec)
+    model = WindowFormer(spec)
     if model_cfg.get("use_spectral_norm", False):
         apply_spectral_norm(model, deterministic=spec.gemm == "deterministic")
     return model

@@ -2,7 +2,7 @@
 
 What differs from the fast path (torch's SDPA with the position bias as its mask), and why:
 
-- q kᵀ, softmax and p v are written out per head on contiguous operands, as the wxformer's
+- q kᵀ, softmax and p v are written out per head on contiguous operands, as the windowformer's
   deterministic attention is, so nothing depends on how many heads a tensor-parallel rank
   holds; dropout on the probabilities is `IndexedDropout`, indexed by global head.
 - The position bias is computed per sample (the position-bias MLP runs on each sample's copy

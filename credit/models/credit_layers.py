@@ -14,6 +14,7 @@ channels-last once and back once, so the channel LayerNorm (`norm.g`, `norm.b`, 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -22,13 +23,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from credit.config.validate import heads_split_error
-from credit.kernels.gemm import DetLinear
+from credit.kernels.gemm import det_linear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
 from credit.models.credit_det import windowed_attention
 from credit.models.det_layers import channel_affine
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
-from credit.models.modes import check_deterministic_split, layer_kit, shard_of
+from credit.models.modes import layer_kit, shard_of
 
 
 class ChannelLayerNorm(nn.Module):
@@ -123,8 +124,6 @@ class Attention(nn.Module):
                 f"model.dim_head={module.dim_head}) cannot be split over "
                 f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
-        if isinstance(module.to_q, DetLinear):
-            check_deterministic_split("attention width", module.to_q.out_features, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -167,8 +166,8 @@ class Attention(nn.Module):
         weight = self.to_q.weight
         head_offset, global_width = shard_of(weight)
         attended = windowed_attention(
-            q, k, v, table[:, self.rel_pos_indices], dim_head=self.dim_head, dropout=self.indexed_dropout,
-            training=self.training, head_offset=head_offset // self.dim_head,
+            q, k, v, gather_position_bias(table, self.window_size), dim_head=self.dim_head,
+            dropout=self.indexed_dropout, training=self.training, head_offset=head_offset // self.dim_head,
             global_heads=global_width // self.dim_head,
             group=weight.device_mesh.get_group() if isinstance(weight, DTensor) else None,
         )
@@ -207,11 +206,6 @@ class FeedForward(nn.Module):
             ChannelLayerNorm(dim, deterministic=deterministic), linear(dim, dim * mult), nn.GELU(),
             IndexedDropout(dropout) if deterministic else nn.Dropout(dropout), linear(dim * mult, dim),
         )
-
-    @staticmethod
-    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
-        if isinstance(module.layers[1], DetLinear):
-            check_deterministic_split("feed-forward width", module.layers[1].out_features, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm, up, act, dropout, down = self.layers
@@ -320,11 +314,50 @@ def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2, gemm: str =
     return nn.Sequential(first, nn.PixelShuffle(scale), conv(out_ch, out_ch, 3, padding=1))
 
 
-def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear resize (align_corners=False, as CREDIT); the identity when the size matches."""
+def resize(x: torch.Tensor, size: tuple[int, int], deterministic: bool = False) -> torch.Tensor:
+    """Bilinear resize (align_corners=False, as CREDIT); the identity when the size matches.
+
+    `deterministic`: the same interpolation as two products with small interpolation
+    matrices through the deterministic GEMM (rows along H, then along W), because torch's
+    bilinear backward scatters with atomic adds on CUDA; each output row depends on its own
+    input row only, so the result does not depend on the batch either."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
-    return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    if not deterministic:
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    height, width = x.shape[-2:]
+    rows_h = interpolation_matrix(height, size[0], x.dtype, x.device)
+    rows_w = interpolation_matrix(width, size[1], x.dtype, x.device)
+    along_h = det_linear(x.transpose(-1, -2), rows_h).transpose(-1, -2)  # (..., H_out, W)
+    return det_linear(along_h.contiguous(), rows_w)  # (..., H_out, W_out)
+
+
+@functools.lru_cache(maxsize=64)
+def interpolation_matrix(size_in: int, size_out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(size_out, size_in) weights of 1-D linear interpolation with torch's
+    align_corners=False rule: source = (i + 0.5)·in/out − 0.5, clamped at 0."""
+    scale = size_in / size_out
+    source = ((torch.arange(size_out, dtype=torch.float64) + 0.5) * scale - 0.5).clamp(min=0.0)
+    lower = source.floor().long().clamp(max=size_in - 1)
+    upper = (lower + 1).clamp(max=size_in - 1)
+    frac = source - lower
+    weights = (F.one_hot(lower, size_in) * (1.0 - frac)[:, None] + F.one_hot(upper, size_in) * frac[:, None])
+    return weights.to(dtype=dtype, device=device)
+
+
+def gather_position_bias(table: torch.Tensor, window: int) -> torch.Tensor:
+    """table[..., relative_bias_indices(window)] as a product with a one-hot matrix through
+    the deterministic GEMM, so the gradient adds each entry's uses in a fixed order (an
+    indexed gather's backward scatters with atomic adds on CUDA). The forward is exact:
+    one term of each sum is nonzero."""
+    one_hot = _bias_one_hot(window, table.shape[-1], table.dtype, table.device)
+    return det_linear(table, one_hot).view(*table.shape[:-1], window * window, window * window)
+
+
+@functools.lru_cache(maxsize=16)
+def _bias_one_hot(window: int, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # (window⁴, table size), shared by every block of a window size
+    return F.one_hot(relative_bias_indices(window).flatten(), size).to(dtype=dtype, device=device)
 
 
 def encoder_grids(grid: tuple[int, int], strides: tuple[int, ...]) -> list[tuple[int, int]]:

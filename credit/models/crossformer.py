@@ -110,6 +110,7 @@ class CrossFormer(nn.Module):
         super().__init__()
         check_decoder_widths(spec.dim)
         self.spec, self.use_interp, self.padding = spec, interp, padding
+        self.deterministic = gemm == "deterministic"
         padded = padding.padded(spec.grid) if padding else spec.grid
         if padding:
             padding.check(spec.grid)
@@ -140,7 +141,7 @@ class CrossFormer(nn.Module):
         if self.padding:
             x = self.padding.unpad(x)
         if self.use_interp:
-            x = resize(x, spec.grid)
+            x = resize(x, spec.grid, self.deterministic)
         # a fresh tensor, not a view: FSDP2's pre-backward hook on a wrapped root's output
         # would be lost to an in-place op on a view
         return x.unsqueeze(2).clone()

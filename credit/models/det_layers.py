@@ -1,4 +1,4 @@
-"""The wxformer's convolutions and norms for deterministic mode, through the fixed-tree GEMM.
+"""The windowformer's convolutions and norms for deterministic mode, through the fixed-tree GEMM.
 
 Same parameters and state-dict keys as the torch layers they subclass (checkpoints move
 between modes), different arithmetic: every reduction over the batch (weight and bias

@@ -2,7 +2,7 @@
 rollout share them.
 
 Two layouts, declared by the model class's `input_layout`:
-- the wxformer's (default): (B, C_in, H, W) = history frames of the state, the forcing at
+- the windowformer's (default): (B, C_in, H, W) = history frames of the state, the forcing at
   the predicted time, the static fields; output (B, C_out, H, W).
 - CREDIT's (`"credit"`): (B, C, T, H, W) with, in every frame t, the state at t, the
   forcing at t and the static fields (CREDIT's channel order: upper-air variables
@@ -18,7 +18,7 @@ from torch import nn
 
 def model_input(state: torch.Tensor, forcing: torch.Tensor, static: torch.Tensor) -> torch.Tensor:
     """(B, history_len, C_state, H, W) frames + (B, C_f, H, W) forcing at the predicted time
-    + (B, C_s, H, W) static -> (B, C_in, H, W) in the order the wxformer documents."""
+    + (B, C_s, H, W) static -> (B, C_in, H, W) in the order the windowformer documents."""
     frames = state.flatten(1, 2)
     return torch.cat([frames, forcing, static], dim=1)
 

@@ -1,4 +1,4 @@
-"""What `model.gemm` changes in the wxformer: the layer classes, and the tp-shard helpers
+"""What `model.gemm` changes in the windowformer: the layer classes, and the tp-shard helpers
 the deterministic blocks use (see docs/determinism.md)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from credit.config.validate import deterministic_split_error
 from credit.kernels.gemm import DetLinear
 from credit.models.det_layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
 
@@ -22,12 +21,6 @@ def layer_kit(gemm: str) -> SimpleNamespace:
                                group_norm=DetGroupNorm, conv=DetConv2d, conv_transpose=DetConvTranspose2d)
     return SimpleNamespace(linear=nn.Linear, layer_norm=nn.LayerNorm, group_norm=nn.GroupNorm,
                            conv=nn.Conv2d, conv_transpose=nn.ConvTranspose2d)
-
-
-def check_deterministic_split(what: str, width: int, tp_size: int) -> None:
-    problem = deterministic_split_error(what, "width", width, tp_size)
-    if problem:
-        raise ValueError(problem)
 
 
 def shard_of(weight: torch.Tensor) -> tuple[int, int]:

@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from credit.kernels.gemm import DetLinear
 from credit.kernels.gemm._ops import linear_local
 from credit.models.credit_layers import UpBlockPS, check_windows, encoder_grids, output_head, resize
 from credit.models.crossformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
 from credit.models.det_layers import channel_affine
-from credit.models.modes import check_deterministic_split, layer_kit
+from credit.models.modes import layer_kit
 
 
 class LevelEmbedding(nn.Module):
@@ -83,6 +82,7 @@ class ColumnAttention(nn.Module):
         super().__init__()
         kit = layer_kit(gemm)
         self.channels, self.levels, self.spatial_stride = channels, levels, spatial_stride
+        self.deterministic = gemm == "deterministic"
         self.norm = kit.layer_norm(channels)
         self.attn = PackedAttention(channels, num_heads, gemm)
         self.proj = kit.linear(channels, channels, bias=False)
@@ -95,7 +95,7 @@ class ColumnAttention(nn.Module):
         columns = pooled.reshape(b, self.channels, self.levels, h * w).permute(0, 3, 2, 1)
         delta = self.proj(self.attn(self.norm(columns)))
         delta = delta.reshape(b, h, w, self.levels, self.channels).permute(0, 4, 3, 1, 2).reshape(b, c, h, w)
-        return x + resize(delta, (height, width))
+        return x + resize(delta, (height, width), self.deterministic)
 
 
 class SpectralGNNBottleneck(nn.Module):
@@ -115,11 +115,6 @@ class SpectralGNNBottleneck(nn.Module):
         self.agg_w = nn.Parameter(torch.randn(num_spectral_nodes, nodes) * nodes ** -0.5)
         self.scatter_w = nn.Parameter(torch.randn(nodes, num_spectral_nodes) * num_spectral_nodes ** -0.5)
         self.mlp = nn.Sequential(kit.linear(dim, hidden), nn.GELU(), kit.linear(hidden, dim))
-
-    @staticmethod
-    def _tp_constraints(module: "SpectralGNNBottleneck", tp_size: int) -> None:
-        if isinstance(module.mlp[0], DetLinear):
-            check_deterministic_split("spectral bottleneck MLP width", module.mlp[0].out_features, tp_size)
 
     def _nodes(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.deterministic:  # weight gradients reduce each sample's rows as whole leaves
@@ -150,7 +145,7 @@ class WXFormerNext(nn.Module):
         if col_attn_stride < 1 or spec.image_height % col_attn_stride or spec.image_width % col_attn_stride:
             raise ValueError(f"model.col_attn_stride={col_attn_stride} must be >= 1 and divide the grid "
                              f"{spec.image_height}x{spec.image_width}")
-        self.spec = spec
+        self.spec, self.deterministic = spec, gemm == "deterministic"
         self.level_embedding = LevelEmbedding(spec.channels, spec.levels, gemm == "deterministic")
         self.col_attn = ColumnAttention(spec.channels, spec.levels, col_attn_heads, col_attn_stride, gemm)
         self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm)
@@ -188,8 +183,8 @@ class WXFormerNext(nn.Module):
         x = self.spectral_bottleneck(x)
         for up, skip in ((self.up_block1, encodings[2]), (self.up_block2, encodings[1]),
                          (self.up_block3, encodings[0])):
-            x = torch.cat([resize(up(x), skip.shape[-2:]), skip], dim=1)
-        x = resize(self.up_block4(x), spec.grid)
+            x = torch.cat([resize(up(x), skip.shape[-2:], self.deterministic), skip], dim=1)
+        x = resize(self.up_block4(x), spec.grid, self.deterministic)
         if self.dec_col_attn is not None:
             x = torch.cat([self.dec_col_attn(x[:, :atmos]), x[:, atmos:]], dim=1)
         # a fresh tensor, not a view: FSDP2's pre-backward hook on a wrapped root's output

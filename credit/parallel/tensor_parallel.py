@@ -14,6 +14,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from credit.config.validate import deterministic_split_error
+
 log = logging.getLogger(__name__)
 
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -39,6 +41,21 @@ def _has_foreign_spectral_norm(layer: nn.Module) -> bool:
     # torch's own spectral norms need the whole weight: hook style keeps `weight_orig`, the
     # parametrization a `parametrizations` dict
     return hasattr(layer, "weight_orig") or "weight" in getattr(layer, "parametrizations", {})
+
+
+def _unaligned_split(name: str, block: nn.Module, tp_size: int) -> str | None:
+    """Why the block cannot be split over `tp_size` ranks with bits equal to one process's
+    (None when it can): a planned layer declaring `tp_split_multiple` (the deterministic
+    GEMM's leaf) whose split width gives a rank a part that is not a whole number of them."""
+    for path, style in block._tp_plan.items():
+        layer = block.get_submodule(path) if _has_path(block, path) else None
+        if getattr(layer, "tp_split_multiple", 1) == 1:
+            continue
+        width = layer.out_features if style == "colwise" else layer.in_features
+        problem = deterministic_split_error(f"{name}.{path}" if name else path, "width", width, tp_size)
+        if problem:
+            return problem
+    return None
 
 
 def _check_block(name: str, block: nn.Module, tp_size: int) -> None:
@@ -78,7 +95,9 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
     runs on the shards. `spectral_norm="replicate"` (`model.spectral_norm_tp`) leaves blocks
     with spectral-normed planned layers replicated on every tp rank, as do torch's own
     spectral norms, which need the whole weight; the whole colwise/rowwise group is skipped
-    together because a colwise output is only valid feeding its rowwise partner.
+    together because a colwise output is only valid feeding its rowwise partner. A block of
+    deterministic layers whose split would give a rank a part of a width that is not whole
+    GEMM leaves stays replicated too, so it computes exactly what one process computes.
     Raises ValueError when a plan is invalid, or when nothing can be sharded at tp > 1 for
     any reason but `spectral_norm="replicate"`.
     """
@@ -89,7 +108,7 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
             f"trainer.parallelism.tensor={tp_size} but {type(model).__name__} declares no _tp_plan "
             f"on any block; use tensor=1"
         )
-    sharded, replicated, foreign = 0, 0, 0
+    sharded, replicated, foreign, unaligned = 0, 0, 0, []
     for name, block in blocks:
         layers = [block.get_submodule(p) for p in block._tp_plan if _has_path(block, p)]
         if any(_has_foreign_spectral_norm(layer) for layer in layers):
@@ -97,6 +116,10 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
             continue
         if spectral_norm == "replicate" and any(_has_spectral_norm(layer) for layer in layers):
             replicated += 1
+            continue
+        problem = _unaligned_split(name, block, tp_size)
+        if problem:
+            unaligned.append(problem)
             continue
         _check_block(name, block, tp_size)
         plan = {path: _STYLES[style]() for path, style in block._tp_plan.items()}
@@ -113,15 +136,19 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
     if replicated:
         log.warning("tensor parallel (model.spectral_norm_tp=replicate): %d blocks sharded, %d "
                     "spectral-normed blocks replicated on every tp rank", sharded, replicated)
+    if unaligned:
+        log.warning("tensor parallel (model.gemm=deterministic): %d blocks kept whole on every tp "
+                    "rank, their widths not splitting into whole GEMM leaves (first: %s)",
+                    len(unaligned), unaligned[0])
     if tp_size > 1 and sharded == 0:
-        if foreign or spectral_norm != "replicate":
+        if foreign or (spectral_norm != "replicate" and not unaligned):
             raise ValueError(
                 f"trainer.parallelism.tensor={tp_size} but every planned block uses torch's "
                 f"spectral norm, so nothing can be sharded; build the model with "
                 f"credit.models.apply_spectral_norm or use tensor=1"
             )
-        log.warning("tensor parallelism has no effect: every planned block is replicated "
-                    "(model.spectral_norm_tp=replicate); each tp rank repeats the whole computation")
+        log.warning("tensor parallelism has no effect: every planned block is replicated; each "
+                    "tp rank repeats the whole computation")
     log.info("applied tensor parallel (tp=%d) to %d blocks", tp_size, sharded)
     return sharded
 

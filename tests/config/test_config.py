@@ -17,7 +17,7 @@ CREDIT = [sys.executable, "-m", "credit.cli"]
 
 def test_default_config_composes_with_every_group():
     cfg = compose_config([])
-    assert cfg.model.name == "wxformer"
+    assert cfg.model.name == "wxformer_next"
     assert cfg.data.root == "data/embedded"
     assert cfg.trainer.parallelism.data == "none" and cfg.trainer.parallelism.tensor == 1
     assert "hydra" not in cfg
@@ -30,9 +30,9 @@ def test_default_config_composes_with_every_group():
 
 
 def test_overrides_apply():
-    cfg = compose_config(["trainer.max_steps=50", "run_dir=/tmp/x", "model.dim=[32,64,128]"])
+    cfg = compose_config(["trainer.max_steps=50", "run_dir=/tmp/x", "model.dim=[64,128,256,512]"])
     assert cfg.trainer.max_steps == 50 and cfg.run_dir == "/tmp/x"
-    assert list(cfg.model.dim) == [32, 64, 128]
+    assert list(cfg.model.dim) == [64, 128, 256, 512]
 
 
 @pytest.mark.parametrize(
@@ -46,9 +46,10 @@ def test_overrides_apply():
         ("trainer.batch_size=-2", "trainer.batch_size=-2"),
         ("model.dim_head=7", "model.dim_head=7"),
         ("model.depth=[1,1]", "model.depth"),
-        ("model.cross_embed_kernel_sizes=[[3],[2,4],[2,4]]", "model.cross_embed_kernel_sizes[0]"),
+        ("model.cross_embed_kernel_sizes=[[1],[2,4],[2,4],[2,4]]", "model.cross_embed_kernel_sizes[0]"),
         ("model.attn_dropout=1.5", "model.attn_dropout=1.5"),
-        ("model.padding=zeros", "model.padding='zeros'"),
+        ("model=crossformer model.padding_conf.mode=zeros", "model.padding_conf.mode"),
+        ("model=windowformer model.padding=zeros", "model.padding='zeros'"),
         ("model.gemm=exact", "model.gemm='exact'"),
         ("model.spectral_norm_tp=gather", "model.spectral_norm_tp='gather'"),
         ("trainer.resume=/no/such/checkpoint", "trainer.resume='/no/such/checkpoint'"),
@@ -67,24 +68,21 @@ def test_overrides_apply():
 )
 def test_bad_config_is_one_error_naming_the_key(override, named):
     with pytest.raises(ConfigError) as info:
-        compose_config([override])
+        compose_config(override.split())
     message = str(info.value)
     assert named in message
     assert "\n" not in message
 
 
-def test_deterministic_mode_refuses_a_tensor_split_it_cannot_reproduce():
-    # the default stages are 128, 128 and 256 wide: 32 per rank at tp=4 (a whole GEMM leaf)
+def test_deterministic_mode_refuses_only_a_tensor_degree_it_cannot_reproduce():
+    # widths that do not split into whole GEMM leaves are kept whole on every tp rank
+    # (tests/train/test_deterministic_training.py runs them bitwise); the tree splits in halves
     for tensor in (2, 4):
         assert compose_config(["model.gemm=deterministic", f"trainer.parallelism.tensor={tensor}"])
     with pytest.raises(ConfigError) as info:
-        compose_config(["model.gemm=deterministic", "model.dim=[64,128,256]",
-                        "trainer.parallelism.tensor=4"])
-    message = str(info.value)
-    assert "model.dim[0]=64" in message and "multiple of 128" in message and "\n" not in message
-    with pytest.raises(ConfigError, match="power of two"):
-        compose_config(["model.gemm=deterministic", "model.dim=[96,96,96]", "model.dim_head=32",
-                        "trainer.parallelism.tensor=3"])
+        compose_config(["model.gemm=deterministic", "model=crossformer", "model.dim=[96,192,384,768]",
+                        "model.dim_head=32", "trainer.parallelism.tensor=3"])
+    assert "power of two" in str(info.value) and "\n" not in str(info.value)
 
 
 def _run(args, **kwargs):
@@ -130,7 +128,7 @@ def test_configs_ship_inside_a_non_editable_install(tmp_path):
                             text=True, cwd=tmp_path, timeout=120,
                             env={**os.environ, "PYTHONPATH": env_path, "PYTHONSAFEPATH": "1"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["wxformer", "3"]
+    assert result.stdout.split() == ["wxformer_next", "3"]
 
 
 def test_yaml_groups_never_restate_a_schema_default():

@@ -83,3 +83,61 @@ def test_gradients_of_two_halves_add_up_to_the_whole_batch_bitwise(name):
     assert any(".dpb." in n for n in whole)
     different = [n for n in whole if not torch.equal(first[n] + second[n], whole[n])]
     assert not different, different
+
+
+# CUDA runs these backwards with atomic adds, so their bits vary from run to run there
+# (torch.use_deterministic_algorithms lists them); deterministic mode must not call them
+SCATTERING_OPS = {"upsample_bilinear2d_backward", "index_put", "index_put_", "_index_put_impl_",
+                  "index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+                  "embedding_dense_backward", "_adaptive_avg_pool2d_backward", "put_"}
+# CREDIT's production strides (the first 4: the decoder ends in a 2x bilinear upsampling) and
+# pooled column attention in the decoder (resized back bilinearly)
+RESIZING = dict(image_height=32, image_width=64, cross_embed_strides=[4, 2, 2, 2],
+                cross_embed_kernel_sizes=[[4, 8], [2, 4], [2, 4], [2, 4]], local_window_size=[2, 2, 1, 1],
+                global_window_size=[2, 2, 1, 1], frames=1)
+
+
+def _ops_of_a_training_step(name: str, gemm: str) -> set[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func._schema.name.split("::")[-1])
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    extra = dict(col_attn_stride=2) if name == "wxformer_next" else dict(padding_conf=None)
+    kind, values = resolve_credit_model({**COMMON, **MODELS[name], **RESIZING, **extra})
+    net = build_credit_model(kind, values, gemm).train()
+    x = torch.randn(2, IN_CHANNELS, 1, 32, 64)
+    with dropout_step(seed=3, step=1, sample_offset=0, local_batch=2), Recorder() as recorder:
+        net(x).square().mean().backward()
+    return recorder.names
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_deterministic_mode_calls_no_op_that_scatters_with_atomics_on_cuda(name):
+    fast = _ops_of_a_training_step(name, "fast")
+    assert "upsample_bilinear2d_backward" in fast  # the configuration does resize
+    scattering = _ops_of_a_training_step(name, "deterministic") & SCATTERING_OPS
+    assert not scattering, scattering
+
+
+def test_deterministic_resize_and_position_bias_gather_are_torchs_up_to_rounding():
+    from credit.models.credit_layers import gather_position_bias, relative_bias_indices, resize
+
+    x = torch.randn(2, 3, 5, 7, requires_grad=True)
+    for size in [(10, 14), (8, 21), (3, 4), (5, 9)]:
+        ours = resize(x, size, deterministic=True)
+        theirs = torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-6), size
+        g = torch.randn_like(theirs)
+        (mine,) = torch.autograd.grad(ours, x, g)
+        (ref,) = torch.autograd.grad(theirs, x, g)
+        assert torch.allclose(mine, ref, rtol=0, atol=1e-5), size
+    table = torch.randn(3, 7 * 7)
+    assert torch.equal(gather_position_bias(table, 3), table[:, relative_bias_indices(3)])

@@ -87,9 +87,9 @@ def _train_both(gemm: str, tp: int) -> dict[str, float]:
 
 
 def _parameter_bytes(spectral_norm_tp: str) -> tuple[int, int, int]:
-    """Bytes of the default model's parameters at dp2 x tp2 (FSDP2): (held by this rank,
+    """Bytes of the windowformer's parameters at dp2 x tp2 (FSDP2): (held by this rank,
     gathered by this rank for a forward (sharded by tp only), held by one process)."""
-    model_cfg = {**compose_config([]).model, "use_spectral_norm": True}
+    model_cfg = {**compose_config(["model=windowformer"]).model, "use_spectral_norm": True}
     torch.manual_seed(0)
     model = build_model(model_cfg, **LAYOUT)
     whole = sum(p.numel() * p.element_size() for p in model.parameters())

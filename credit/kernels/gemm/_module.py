@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ._ops import _is_dtensor, linear_local
+from ._tree import LEAF
 
 
 class DetLinear(nn.Linear):
@@ -17,6 +18,11 @@ class DetLinear(nn.Linear):
     ``ColwiseParallel`` / ``RowwiseParallel`` on a 1-D mesh are supported (see
     ``_dtensor.py``); other layouts are rejected with an error.
     """
+
+    # a tensor-parallel split of either width must give each rank whole K leaves, so the
+    # ranks' partial sums are subtrees of the one-rank reduction (`credit.parallel`
+    # keeps a block whole on every tp rank otherwise)
+    tp_split_multiple = LEAF
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The wxformer: shapes, residual output, padding, declared TP plans and their constraints."""
+"""The windowformer: shapes, residual output, padding, declared TP plans and their constraints."""
 
 import pytest
 import torch
@@ -6,9 +6,9 @@ from torch import nn
 
 from tiny import SMALL_MODEL as SMALL
 
-from credit.models import WXFormer, build_model
+from credit.models import WindowFormer, build_model
 from credit.models.padding import EarthPad
-from credit.models.wxformer import Attention, FeedForward
+from credit.models.windowformer import Attention, FeedForward
 from credit.parallel.tensor_parallel import _check_block, planned_blocks
 
 
@@ -153,4 +153,4 @@ def test_every_parameter_receives_a_gradient():
     model(torch.randn(2, 9, 16, 32)).square().mean().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum()]
     assert not missing
-    assert isinstance(model, WXFormer)
+    assert isinstance(model, WindowFormer)

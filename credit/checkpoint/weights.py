@@ -1,10 +1,11 @@
-"""Bring weights from elsewhere into a run: single-file checkpoints (CREDIT's, for CREDIT's
-models; this project's earlier wxformer layout otherwise) and weights-only DCP.
+"""Bring weights from elsewhere into a run: single-file checkpoints and weights-only DCP.
 
-A legacy checkpoint is one `torch.save` file holding either a dict with `model_state_dict`
-or a bare state dict, possibly in the convolutional layout of `credit.models.legacy`
-(converted on the fly by `remap_conv_state_dict`). It has no optimizer state this code can
-map onto the current parameters, so it loads model weights only.
+A single-file checkpoint is one `torch.save` file holding either a dict with
+`model_state_dict` or a bare state dict. For CREDIT's models it is read as CREDIT writes it
+(`credit.models.credit_checkpoint`: CREDIT's trainer container, FSDP or DDP prefixes, and
+CREDIT's older convolutional layout remapped); for the windowformer it must hold the
+current layout. It has no optimizer state this code can map onto the current parameters,
+so it loads model weights only.
 
 `convert_checkpoint` turns such a file into a weights-only DCP directory: keys `model.*`
 (the current layout), `config` (the resolved YAML the model was built from) and `source`
@@ -41,17 +42,16 @@ from credit.checkpoint.manager import (
 )
 from credit.checkpoint.strict import check_stored_weights, check_weights, model_shapes
 from credit.data import model_layout
-from credit.models import RemapError, build_model, remap_conv_state_dict
+from credit.models import build_model
 from credit.models.credit_checkpoint import CreditCheckpointError, read_credit_state_dict
-from credit.models.credit_remap import RemapError as CreditRemapError
-from credit.models.credit_remap import remap_conv_state_dict as remap_credit_state_dict
+from credit.models.credit_remap import RemapError, remap_conv_state_dict
 
 log = logging.getLogger(__name__)
 
 _DDP_PREFIX = "module."  # state dicts saved from a DistributedDataParallel wrapper
 
 
-def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+def read_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     """The model state dict stored in a single-file checkpoint, as saved (not remapped).
 
     Accepts a dict with `model_state_dict`, or a bare state dict (every value a tensor). A
@@ -60,7 +60,7 @@ def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"legacy checkpoint {path} is not a file")
+        raise FileNotFoundError(f"checkpoint {path} is not a file")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types; report the first line
@@ -84,18 +84,18 @@ def read_legacy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_legacy_file(model: nn.Module, path: str | Path) -> None:
-    """Load a single-file checkpoint's weights, remapped to the current layout, into `model`.
+def load_weights_file(model: nn.Module, path: str | Path) -> None:
+    """Load a single-file checkpoint's weights into `model` (CREDIT's layouts remapped).
 
     `model` may already be tensor-parallel and/or FSDP2-sharded: every rank reads the file
     and `set_model_state_dict` places each rank's shard. Strict: see `check_weights`.
     """
     try:
         if getattr(model, "input_layout", None) == "credit":  # CREDIT's own checkpoint formats
-            state = remap_credit_state_dict(read_credit_state_dict(path))
+            state = remap_conv_state_dict(read_credit_state_dict(path))
         else:
-            state = remap_conv_state_dict(read_legacy_state_dict(path))
-    except (RemapError, CreditRemapError, CreditCheckpointError) as error:
+            state = read_state_dict_file(path)
+    except (RemapError, CreditCheckpointError) as error:
         raise CheckpointError(f"{path}: {error}" if str(path) not in str(error) else str(error)) from None
     check_weights(model_shapes(model), {k: tuple(v.shape) for k, v in state.items()}, str(path))
     set_model_state_dict(
@@ -128,7 +128,7 @@ def load_model_weights(model: nn.Module, path: str | Path) -> bool:
     """
     path = Path(path)
     if path.is_file():
-        load_legacy_file(model, path)
+        load_weights_file(model, path)
         return True
     if is_weights_only_checkpoint(path):
         load_weights_only_checkpoint(model, path)
@@ -137,7 +137,7 @@ def load_model_weights(model: nn.Module, path: str | Path) -> bool:
 
 
 def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> Path:
-    """Write the weights of legacy file `source` as a weights-only DCP directory `out`.
+    """Write the weights of single-file checkpoint `source` as a weights-only DCP directory `out`.
 
     The model is built from `cfg` (`model.*` and the data layout of `cfg.data`), so the
     weights are checked strictly against the model that will train them. Refuses an
@@ -148,9 +148,9 @@ def convert_checkpoint(source: str | Path, out: str | Path, cfg: DictConfig) -> 
     if out.exists():
         raise FileExistsError(f"{out} already exists; refusing to overwrite it (choose a new path)")
     if not source.is_file():
-        raise FileNotFoundError(f"legacy checkpoint {source} is not a file")
+        raise FileNotFoundError(f"checkpoint {source} is not a file")
     model = build_model(cfg.model, **model_layout(cfg.data))
-    load_legacy_file(model, source)
+    load_weights_file(model, source)
     partial = out.with_name(f".partial_{out.name}")
     if partial.exists():
         shutil.rmtree(partial)

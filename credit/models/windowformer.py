@@ -1,4 +1,8 @@
-"""The wxformer: a cross-scale vision transformer that steps an atmospheric state 6 h ahead.
+"""The windowformer: this project's own compact cross-scale window transformer that steps an
+atmospheric state 6 h ahead. It is not one of CREDIT's architectures (those are
+`crossformer.py` and `wxformer_next.py`, the default): its stage widths need not double, its
+decoder is transposed convolutions, and its input is (B, C, H, W). It stays as the small,
+quick model of the multi-rank tests, the SDC probe and the benchmarks (`model=windowformer`).
 
 Read top to bottom: the blocks that tensor parallelism shards (Attention, FeedForward,
 each declaring its `_tp_plan` beside it), the transformer stage that alternates local
@@ -24,15 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.config.validate import heads_split_error
-from credit.kernels.gemm import DetLinear
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
-from credit.models.modes import check_deterministic_split, layer_kit, shard_of
+from credit.models.modes import layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
 
 
 @dataclass(frozen=True)
-class WXFormerSpec:
+class WindowFormerSpec:
     """Everything that shapes the network. Built from `model.*` and the data layout."""
 
     in_channels: int
@@ -106,8 +109,6 @@ class Attention(nn.Module):
                 f"model.dim_head={module.dim_head}) cannot be split over "
                 f"trainer.parallelism.tensor={tp_size}: {problem}"
             )
-        if isinstance(module.to_q, DetLinear):
-            check_deterministic_split("attention width", module.to_q.out_features, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -190,11 +191,6 @@ class FeedForward(nn.Module):
         self.up = linear(dim, dim * mult)
         self.down = linear(dim * mult, dim)
         self.dropout = IndexedDropout(dropout) if gemm == "deterministic" else nn.Dropout(dropout)
-
-    @staticmethod
-    def _tp_constraints(module: "FeedForward", tp_size: int) -> None:
-        if isinstance(module.up, DetLinear):
-            check_deterministic_split("feed-forward width", module.up.out_features, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = F.gelu(self.up(self.norm(x)))
@@ -288,13 +284,13 @@ class UpBlock(nn.Module):
         return x + F.silu(self.conv_norm(self.conv(x)))
 
 
-class WXFormer(nn.Module):
+class WindowFormer(nn.Module):
     """Encoder of cross-embedding + transformer stages, decoder with skips, residual output."""
 
     # the units data parallelism wraps one by one (a container's children, or a module)
     _shard_units = ("embeds", "stages", "ups", "head")
 
-    def __init__(self, spec: WXFormerSpec) -> None:
+    def __init__(self, spec: WindowFormerSpec) -> None:
         super().__init__()
         self.spec = spec
         windows = [
@@ -349,7 +345,7 @@ class WXFormer(nn.Module):
         spec = self.spec
         if x.shape[1] != spec.in_channels or tuple(x.shape[-2:]) != spec.grid:
             raise ValueError(
-                f"wxformer expects input (B, {spec.in_channels}, {spec.grid[0]}, "
+                f"windowformer expects input (B, {spec.in_channels}, {spec.grid[0]}, "
                 f"{spec.grid[1]}), got {tuple(x.shape)}"
             )
         start = (spec.history_len - 1) * spec.state_channels
