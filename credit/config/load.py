@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from collections.abc import Sequence
@@ -36,6 +37,12 @@ def _one_line(error: BaseException) -> str:
         if line.strip().startswith("full_key:") and not full_key:
             full_key = line.split(":", 1)[1].strip()
     message = first.rstrip(".")
+    lines = str(error).splitlines()
+    for i, line in enumerate(lines):  # a group option that does not exist: say which do
+        if line.startswith("Available options in"):
+            options = [o.strip() for o in itertools.takewhile(lambda o: o.startswith("\t"), lines[i + 1:])]
+            message += f"; available: {', '.join(options)}"
+            break
     if reason:
         message += f": {reason}"
     if full_key and full_key not in message:

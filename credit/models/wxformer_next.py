@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.kernels.gemm._ops import linear_local
-from credit.models.credit_layers import UpBlockPS, check_windows, encoder_grids, output_head, resize
+from credit.models.credit_layers import (UpBlockPS, check_windows, encoder_grids, output_head, resize,
+                                          stage_multiple)
 from credit.models.crossformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
 from credit.models.det_layers import channel_affine
 from credit.models.modes import layer_kit
@@ -140,8 +141,14 @@ class WXFormerNext(nn.Module):
                  decoder_col_attn: bool = False, num_spectral_nodes: int = 64, gemm: str = "fast") -> None:
         super().__init__()
         check_decoder_widths(spec.dim)
-        check_windows(spec.grid, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
-                      "the grid")
+        try:
+            check_windows(spec.grid, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
+                          "the grid")
+        except ValueError as error:  # CREDIT's wxformer_next pads nothing: say what grid would do
+            multiple = stage_multiple(spec.cross_embed_strides, spec.local_window_size, spec.global_window_size)
+            raise ValueError(f"{error}; wxformer_next pads nothing, so with these strides and windows the grid "
+                             f"must divide by {multiple} (or use model=crossformer with "
+                             f"model.padding_conf)") from None
         if col_attn_stride < 1 or spec.image_height % col_attn_stride or spec.image_width % col_attn_stride:
             raise ValueError(f"model.col_attn_stride={col_attn_stride} must be >= 1 and divide the grid "
                              f"{spec.image_height}x{spec.image_width}")

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from credit.config.validate import deterministic_split_error
+from credit.kernels.gemm._tree import LEAF
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,9 @@ def _unaligned_split(name: str, block: nn.Module, tp_size: int) -> str | None:
         if getattr(layer, "tp_split_multiple", 1) == 1:
             continue
         width = layer.out_features if style == "colwise" else layer.in_features
-        problem = deterministic_split_error(f"{name}.{path}" if name else path, "width", width, tp_size)
-        if problem:
-            return problem
+        where = f"{name}.{path}" if name else path
+        if deterministic_split_error(where, "width", width, tp_size):
+            return f"{where}: {width} wide, {width / tp_size:g} per rank"
     return None
 
 
@@ -137,9 +138,10 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
         log.warning("tensor parallel (model.spectral_norm_tp=replicate): %d blocks sharded, %d "
                     "spectral-normed blocks replicated on every tp rank", sharded, replicated)
     if unaligned:
-        log.warning("tensor parallel (model.gemm=deterministic): %d blocks kept whole on every tp "
-                    "rank, their widths not splitting into whole GEMM leaves (first: %s)",
-                    len(unaligned), unaligned[0])
+        # expected of narrow blocks, and alike on every rank: rank 0 says it
+        log.info("tensor parallel (model.gemm=deterministic): %d blocks kept whole on every tp rank, "
+                 "their widths not giving each rank whole %d-wide GEMM leaves (first: %s)",
+                 len(unaligned), LEAF, unaligned[0])
     if tp_size > 1 and sharded == 0:
         if foreign or (spectral_norm != "replicate" and not unaligned):
             raise ValueError(

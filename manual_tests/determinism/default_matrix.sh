@@ -4,13 +4,15 @@
 # (dp, tp) = (1,2), (1,4), (2,1), (2,2), (4,1), then compare each run's per-step losses, every
 # other metrics.csv value and every tensor of its final checkpoint (model, EMA, optimizer)
 # with one process's, bitwise.  Usage: manual_tests/determinism/default_matrix.sh [STEPS] [OUT]
+# [KEY=VALUE ...] (trailing overrides apply to every run, e.g. model=windowformer)
 set -euo pipefail
 steps=${1:-30}
 out=${2:-runs/determinism_matrix}
+extra=("${@:3}")
 export OMP_NUM_THREADS=1
 common=(model.gemm=deterministic model.attn_dropout=0.1 model.ff_dropout=0.1 trainer.ema.enabled=true
         trainer.max_steps=$steps trainer.valid_every_n_steps=0 trainer.checkpoint.every_n_steps=0
-        trainer.progress_bar=false trainer.resume=never trainer.parallelism.data=fsdp2)
+        trainer.progress_bar=false trainer.resume=never trainer.parallelism.data=fsdp2 "${extra[@]}")
 run() {  # name nproc batch_per_rank tensor
   credit train --nproc "$2" "${common[@]}" trainer.batch_size="$3" trainer.parallelism.tensor="$4" \
     run_dir="$out/$1" > "$out/$1.log" 2>&1

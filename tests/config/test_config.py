@@ -63,7 +63,7 @@ def test_overrides_apply():
         ("data.valid_period=[2000-14-01,2001-01-01]", "data.valid_period='2000-14-01'"),
         ("data.history_len=0", "data.history_len=0"),
         ("+trainer.loss.variable_weights.XYZ=2", "XYZ"),
-        ("model=nope", "model/nope"),
+        ("model=nope", "model/nope'; available: crossformer, windowformer, wxformer_next"),
     ],
 )
 def test_bad_config_is_one_error_naming_the_key(override, named):

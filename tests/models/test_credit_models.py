@@ -123,3 +123,21 @@ def test_an_input_of_another_layout_names_the_expected_one():
     model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
     with pytest.raises(ValueError, match=r"wxformer_next expects input \(B, 21, 2, 32, 64\)"):
         model(torch.zeros(1, 21, 1, 32, 64))
+
+
+def test_a_grid_wxformer_next_cannot_tile_names_the_window_and_the_grid_that_would():
+    from credit.config import compose_config
+    from credit.config.validate import ConfigError
+    from credit.models import build_model
+
+    cfg = compose_config([])  # the default wxformer_next: strides 2 and windows up to 4
+    layout = dict(in_channels=21, out_channels=18, state_channels=18, history_len=1, grid=(45, 90),
+                  credit_channels=dict(channels=4, levels=4, surface_channels=2, input_only_channels=3,
+                                       output_only_channels=0, frames=1, image_height=45, image_width=90))
+    with pytest.raises(ConfigError) as info:
+        build_model(cfg.model, **layout)
+    message = str(info.value)
+    assert "model.local_window_size[0]=4" in message and "22x45" in message
+    assert "must divide by 16" in message and "model.padding_conf" in message and "\n" not in message
+    layout.update(grid=(48, 96), credit_channels={**layout["credit_channels"], "image_height": 48, "image_width": 96})
+    assert build_model(cfg.model, **layout)
