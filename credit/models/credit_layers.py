@@ -30,6 +30,7 @@ from credit.models.det_layers import channel_affine
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
+from credit.models.windows import from_windows, to_windows
 
 
 class ChannelLayerNorm(nn.Module):
@@ -126,23 +127,10 @@ class Attention(nn.Module):
             )
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
-        b, h, w, c = x.shape
-        s = self.window_size
-        if self.attn_type == "short":
-            x = x.view(b, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
-        else:
-            x = x.view(b, s, h // s, s, w // s, c).permute(0, 2, 4, 1, 3, 5)
-        return x.reshape(-1, s * s, c)
+        return to_windows(x, self.window_size, dilated=self.attn_type != "short")
 
-    def _from_windows(self, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        b, h, w, c = shape
-        s = self.window_size
-        x = x.view(b, h // s, w // s, s, s, c)
-        if self.attn_type == "short":
-            x = x.permute(0, 1, 3, 2, 4, 5)
-        else:
-            x = x.permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(b, h, w, c)
+    def _from_windows(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return from_windows(x, shape, self.window_size, dilated=self.attn_type != "short")
 
     def position_bias(self, dtype: torch.dtype) -> torch.Tensor:
         """(window², window²) bias added to every head's scores.

@@ -32,6 +32,7 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
+from credit.models.windows import from_windows, to_windows
 
 
 @dataclass(frozen=True)
@@ -111,22 +112,10 @@ class Attention(nn.Module):
             )
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
-        b, h, w, c = x.shape
-        s = self.window
-        if self.kind == "local":
-            x = x.view(b, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5)
-        else:
-            x = x.view(b, s, h // s, s, w // s, c).permute(0, 2, 4, 1, 3, 5)
-        return x.reshape(-1, s * s, c)
+        return to_windows(x, self.window, dilated=self.kind != "local")
 
     def _from_windows(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        b, h, w, c = shape
-        s = self.window
-        if self.kind == "local":
-            x = x.view(b, h // s, w // s, s, s, c).permute(0, 1, 3, 2, 4, 5)
-        else:
-            x = x.view(b, h // s, w // s, s, s, c).permute(0, 3, 1, 4, 2, 5)
-        return x.reshape(b, h, w, c)
+        return from_windows(x, shape, self.window, dilated=self.kind != "local")
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(windows, length, width) q/k/v -> attended values, heads = width // dim_head."""

@@ -1,0 +1,26 @@
+"""Window partitions of a channels-last (B, H, W, C) grid, shared by every windowed attention.
+
+`dilated=False`: contiguous size×size patches; `dilated=True`: the size×size points that lie
+H/size (and W/size) apart. Windows come out sample-major, as (B · windows, size², C).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_windows(x: torch.Tensor, size: int, dilated: bool) -> torch.Tensor:
+    b, h, w, c = x.shape
+    if dilated:
+        x = x.view(b, size, h // size, size, w // size, c).permute(0, 2, 4, 1, 3, 5)
+    else:
+        x = x.view(b, h // size, size, w // size, size, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, size * size, c)
+
+
+def from_windows(x: torch.Tensor, shape: tuple[int, ...], size: int, dilated: bool) -> torch.Tensor:
+    """The inverse of `to_windows` for a grid of `shape` (B, H, W, C)."""
+    b, h, w, c = shape
+    x = x.view(b, h // size, w // size, size, size, c)
+    x = x.permute(0, 3, 1, 4, 2, 5) if dilated else x.permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h, w, c)
