@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 RUN_DIR ?= runs/default
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test clean-runs
+.PHONY: install train test test-quick clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The edit-test loop: every test but the heavy files (tests/conftest.py lists them), with one
+# multi-rank smoke test (tests/parallel/test_smoke.py).
+test-quick: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not heavy"
 
 clean-runs:
 	rm -rf runs

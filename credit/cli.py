@@ -99,6 +99,13 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -
         launcher_code = subprocess.call(command, env=env)
         ranks = [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]
     failed = [code for code in ranks if code]
+    if launcher_code and not failed and len(ranks) == nproc:
+        # every rank finished its work and left its process group, then one aborted in the
+        # interpreter's exit (gloo's threads: "terminate called without an active exception"):
+        # nothing of the run is lost
+        print(f"warning: all {nproc} ranks finished with exit code 0; a rank then aborted while its "
+              f"interpreter exited, which changes nothing of the result", file=sys.stderr)
+        sys.exit(0)
     if launcher_code and not failed:  # a rank died before it could say why (killed, crashed)
         _fail(f"{len(ranks)} of {nproc} ranks finished; the launch failed without an error "
               f"line from a rank (--debug shows the launcher's report)")

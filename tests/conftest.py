@@ -33,3 +33,43 @@ def tiny_overrides(tiny_data):
         return _tiny_overrides(tiny_data, f"run_dir={run_dir}", *extra)
 
     return make
+
+
+# The quick tier (`make test-quick`: `-m "not heavy"`) is every test outside these files,
+# which launch ranks or train for tens of seconds; tests/parallel/test_smoke.py is its one
+# multi-rank test. A path listed here that no longer exists stops the collection.
+HEAVY = {
+    "diagnostics/test_sdc_replica.py",
+    "diagnostics/test_sdc_training.py",
+    "parallel/test_clip_and_layout.py",
+    "parallel/test_collective_devices.py",
+    "parallel/test_credit_deterministic_tp.py",
+    "parallel/test_credit_parity.py",
+    "parallel/test_credit_resume.py",
+    "parallel/test_credit_tp.py",
+    "parallel/test_deterministic_tp.py",
+    "parallel/test_distributed_training.py",
+    "parallel/test_seeding_and_sampling.py",
+    "parallel/test_shard_local_optimizers.py",
+    "parallel/test_spectral_norm_tp.py",
+    "parallel/test_tp_numerics.py",
+    "parallel/test_tp_parity_acceptance.py",
+    "parallel/test_tp_plans_and_options.py",
+    "rollout/test_default_skill.py",
+    "rollout/test_tp_parity.py",
+    "train/test_credit_deterministic_training.py",
+    "train/test_deterministic_training.py",
+    "train/test_hardening.py",
+    "train/test_memory_metrics.py",
+    "train/test_spectral_norm_training.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).parent
+    missing = sorted(p for p in HEAVY if not (root / p).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py HEAVY names files that do not exist: {missing}")
+    for item in items:
+        if item.path.relative_to(root).as_posix() in HEAVY:
+            item.add_marker(pytest.mark.heavy)

@@ -6,7 +6,11 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-TRAIN_COLUMNS = ("step", "epoch", "split", "loss", "grad_norm", "lr", "samples_per_s")
+TRAIN_COLUMNS = ("step", "epoch", "split", "loss", "grad_norm", "lr", "samples_per_s", "peak_mem_mib",
+                 "peak_reserved_mib")
+# columns that measure the machine (time, memory), not the computation: runs that compute the
+# same bits may differ here
+MEASURED_COLUMNS = ("samples_per_s", "peak_mem_mib", "peak_reserved_mib")
 
 
 def _format(value: object) -> str:
@@ -21,7 +25,8 @@ class MetricsLog:
     """Append-only CSV of training and validation rows, rewritten on resume.
 
     Columns: step, epoch, split (train | valid), loss, grad_norm, lr, samples_per_s,
-    then `extra_columns` (the SDC counters when diagnostics.sdc is on), then rmse_<var> and
+    peak_mem_mib (the largest rank's peak since the previous row: CUDA max allocated, CPU
+    peak resident set), peak_reserved_mib (CUDA's allocator, empty on CPU), then `extra_columns` (the SDC counters when diagnostics.sdc is on), then rmse_<var> and
     persistence_rmse_<var> for each output variable (validation rows).
     """
 

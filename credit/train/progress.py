@@ -2,7 +2,8 @@
 
 On a terminal, a tqdm bar. When stderr is not a terminal (PBS and SLURM write it to a file),
 a tqdm bar would write a carriage-return redraw per update into the log, so one plain line
-is printed every `every` steps instead: step, loss, samples/s and the estimated time left.
+is printed every `every` steps instead: step, loss, samples/s, the peak memory of the most
+loaded rank and the estimated time left.
 """
 
 from __future__ import annotations
@@ -34,16 +35,19 @@ class TrainingProgress:
         if enabled and self.terminal:
             self._bar = tqdm(total=total, initial=initial, desc="train", mininterval=1.0)
 
-    def update(self, step: int, loss: float, samples_per_s: float) -> None:
+    def update(self, step: int, loss: float, samples_per_s: float, peak_mib: float | None = None) -> None:
+        """`peak_mib`: the largest rank's peak memory since the previous step (metrics.csv's
+        peak_mem_mib)."""
+        peak = "" if peak_mib is None else f"  peak {peak_mib:.0f} MiB"
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self._bar.set_postfix_str(f"loss={loss:.4f}{peak}", refresh=False)
         elif self.enabled and (step % self.every == 0 or step == self.total):
             done = step - self._first_step
             elapsed = time.perf_counter() - self._started
             left = elapsed / done * (self.total - step) if done else 0.0
-            log.info("step %d/%d  loss %.5g  %.1f samples/s  ETA %s",
-                     step, self.total, loss, samples_per_s, _duration(left))
+            log.info("step %d/%d  loss %.5g  %.1f samples/s%s  ETA %s",
+                     step, self.total, loss, samples_per_s, peak, _duration(left))
 
     def close(self) -> None:
         if self._bar is not None:

@@ -54,6 +54,7 @@ from credit.train.shard_local import ShardLocalAdamW
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
+from credit.train.memory import PeakMemory, mib
 from credit.train.progress import TrainingProgress
 from credit.train.schedule import warmup_cosine
 from credit.train.sdc_response import SDCResponse
@@ -419,16 +420,19 @@ class Trainer:
         sdc = SDCResponse(self.cfg.diagnostics.sdc.action, self.step, self.run_dir / "sdc.jsonl",
                            self.runtime.is_main)
         self.model.train()
+        memory = PeakMemory(self.runtime.device)
         while self.step < stop_at:
             result = self.train_step(batches)
+            peak, reserved = memory.read_max()  # every rank: one all-reduce (max)
             row = dict(step=self.step, epoch=self.progress.epoch, split="train",
                        loss=result.loss, grad_norm=result.grad_norm, lr=result.lr,
-                       samples_per_s=samples / result.seconds)
+                       samples_per_s=samples / result.seconds, peak_mem_mib=mib(peak),
+                       peak_reserved_mib=mib(reserved))
             if self.sdc is not None:
                 row.update(sdc.columns(result.sdc))
             if metrics is not None:
                 metrics.log(row)
-            progress.update(self.step, result.loss, row["samples_per_s"])
+            progress.update(self.step, result.loss, row["samples_per_s"], row["peak_mem_mib"])
             rollback_to = sdc.after_step(self.step, result.sdc, self.checkpoints)  # or raises
             if rollback_to is not None:  # replay from a verified checkpoint, skipping nothing
                 self.sdc.note({"event": "rollback", "step": self.step, "checkpoint": str(rollback_to)})

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Are two `credit train` runs the same bits? Compares every metrics.csv value (except the
-wall-clock throughput) and every tensor of each run's latest complete checkpoint (model, EMA,
+throughput and memory measured) and every tensor of each run's latest complete checkpoint (model, EMA,
 optimizer state, gathered to full tensors from whatever layout saved them).
 
     python manual_tests/determinism/compare_runs.py REF_RUN OTHER_RUN [--state-only]
@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from credit.train.metrics import MEASURED_COLUMNS
+
 
 def metrics(run: Path) -> list[dict[str, str]]:
     with open(run / "metrics.csv") as f:
-        return [{k: v for k, v in row.items() if k != "samples_per_s"} for row in csv.DictReader(f)]
+        return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in csv.DictReader(f)]
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:

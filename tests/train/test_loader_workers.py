@@ -4,13 +4,13 @@ loads in-process."""
 
 from credit.config import compose_config
 from credit.train import run_training
-from credit.train.metrics import read_metrics
+from credit.train.metrics import MEASURED_COLUMNS, read_metrics
 
 
 def _rows(run_dir):
     path = run_dir / "metrics.csv"
     train = [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(path)]
-    valid = [{k: v for k, v in r.items() if k != "samples_per_s"} for r in read_metrics(path, "valid")]
+    valid = [{k: v for k, v in r.items() if k not in MEASURED_COLUMNS} for r in read_metrics(path, "valid")]
     return train, valid
 
 

@@ -30,6 +30,7 @@ def test_short_run_learns_and_writes_its_run_directory(tmp_path, tiny_overrides)
     assert last < 0.7 * first, (first, last)
     for row in rows:
         assert float(row["grad_norm"]) > 0 and float(row["lr"]) > 0 and float(row["samples_per_s"]) > 0
+        assert float(row["peak_mem_mib"]) > 50 and row["peak_reserved_mib"] == ""  # CPU: peak RSS
     valid = read_metrics(run / "metrics.csv", "valid")
     assert [int(r["step"]) for r in valid] == [20, 40]
     for variable in VARIABLES:
