@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from credit.config.validate import heads_split_error
 from credit.kernels.gemm import det_linear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
 from credit.models.credit_det import windowed_attention
@@ -30,7 +29,7 @@ from credit.models.det_layers import channel_affine
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
-from credit.models.windows import from_windows, to_windows
+from credit.models.windows import check_head_split, from_windows, to_windows
 
 
 class ChannelLayerNorm(nn.Module):
@@ -118,13 +117,7 @@ class Attention(nn.Module):
 
     @staticmethod
     def _tp_constraints(module: "Attention", tp_size: int) -> None:
-        problem = heads_split_error(module.heads, tp_size)
-        if problem:
-            raise ValueError(
-                f"attention with {module.heads} heads (model.dim {module.heads * module.dim_head} / "
-                f"model.dim_head={module.dim_head}) cannot be split over "
-                f"trainer.parallelism.tensor={tp_size}: {problem}"
-            )
+        check_head_split(module.heads, module.dim_head, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         return to_windows(x, self.window_size, dilated=self.attn_type != "short")

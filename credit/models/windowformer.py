@@ -27,12 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from credit.config.validate import heads_split_error
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
-from credit.models.windows import from_windows, to_windows
+from credit.models.windows import check_head_split, from_windows, to_windows
 
 
 @dataclass(frozen=True)
@@ -102,14 +101,7 @@ class Attention(nn.Module):
 
     @staticmethod
     def _tp_constraints(module: "Attention", tp_size: int) -> None:
-        heads = module.to_q.out_features // module.dim_head
-        problem = heads_split_error(heads, tp_size)
-        if problem:
-            raise ValueError(
-                f"attention with {heads} heads (width {module.to_q.out_features} / "
-                f"model.dim_head={module.dim_head}) cannot be split over "
-                f"trainer.parallelism.tensor={tp_size}: {problem}"
-            )
+        check_head_split(module.to_q.out_features // module.dim_head, module.dim_head, tp_size)
 
     def _to_windows(self, x: torch.Tensor) -> torch.Tensor:
         return to_windows(x, self.window, dilated=self.kind != "local")

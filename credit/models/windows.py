@@ -1,4 +1,5 @@
-"""Window partitions of a channels-last (B, H, W, C) grid, shared by every windowed attention.
+"""What every windowed attention shares: the window partitions of a channels-last
+(B, H, W, C) grid, and the head-split check of its tensor-parallel plan.
 
 `dilated=False`: contiguous size×size patches; `dilated=True`: the size×size points that lie
 H/size (and W/size) apart. Windows come out sample-major, as (B · windows, size², C).
@@ -7,6 +8,8 @@ H/size (and W/size) apart. Windows come out sample-major, as (B · windows, size
 from __future__ import annotations
 
 import torch
+
+from credit.config.validate import heads_split_error
 
 
 def to_windows(x: torch.Tensor, size: int, dilated: bool) -> torch.Tensor:
@@ -24,3 +27,11 @@ def from_windows(x: torch.Tensor, shape: tuple[int, ...], size: int, dilated: bo
     x = x.view(b, h // size, w // size, size, size, c)
     x = x.permute(0, 3, 1, 4, 2, 5) if dilated else x.permute(0, 1, 3, 2, 4, 5)
     return x.reshape(b, h, w, c)
+
+
+def check_head_split(heads: int, dim_head: int, tp_size: int) -> None:
+    """ValueError unless `heads` attention heads split whole over `tp_size` ranks."""
+    problem = heads_split_error(heads, tp_size)
+    if problem:
+        raise ValueError(f"attention with {heads} heads (width {heads * dim_head} / model.dim_head={dim_head}) "
+                         f"cannot be split over trainer.parallelism.tensor={tp_size}: {problem}")
