@@ -29,7 +29,7 @@ from credit.models.det_layers import channel_affine
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
-from credit.models.windows import check_head_split, from_windows, to_windows
+from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
 
 
 class ChannelLayerNorm(nn.Module):
@@ -214,13 +214,7 @@ class Transformer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
-        for block in self.layers:
-            for layer in block:
-                x = x + layer(x)
-        # a fresh tensor, not a view: an in-place op on a wrapped block's output view would
-        # bypass FSDP2's pre-backward hook
-        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
+        return residual_rounds(x, self.layers)
 
 
 class CrossEmbedLayer(nn.Module):

@@ -31,7 +31,7 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
-from credit.models.windows import check_head_split, from_windows, to_windows
+from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
 
 
 @dataclass(frozen=True)
@@ -211,13 +211,7 @@ class TransformerStage(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
-        for block in self.layers:
-            for layer in block:
-                x = x + layer(x)
-        # a fresh tensor, not a view (the permute back is often already contiguous): an
-        # in-place op on a wrapped block's output view would bypass FSDP2's pre-backward hook
-        return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
+        return residual_rounds(x, self.layers)
 
 
 class CrossEmbed(nn.Module):

@@ -1,5 +1,6 @@
-"""What every windowed attention shares: the window partitions of a channels-last
-(B, H, W, C) grid, and the head-split check of its tensor-parallel plan.
+"""What every windowed-attention transformer shares: the window partitions of a
+channels-last (B, H, W, C) grid, the head-split check of its tensor-parallel plan, and the
+residual rounds of a stage.
 
 `dilated=False`: contiguous size×size patches; `dilated=True`: the size×size points that lie
 H/size (and W/size) apart. Windows come out sample-major, as (B · windows, size², C).
@@ -35,3 +36,14 @@ def check_head_split(heads: int, dim_head: int, tp_size: int) -> None:
     if problem:
         raise ValueError(f"attention with {heads} heads (width {heads * dim_head} / model.dim_head={dim_head}) "
                          f"cannot be split over trainer.parallelism.tensor={tp_size}: {problem}")
+
+
+def residual_rounds(x: torch.Tensor, rounds) -> torch.Tensor:
+    """x (B, C, H, W) through every layer of every round, each residual, channels-last inside."""
+    x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
+    for block in rounds:
+        for layer in block:
+            x = x + layer(x)
+    # a fresh tensor, not a view (the permute back is often already contiguous): an in-place op
+    # on a wrapped block's output view would bypass FSDP2's pre-backward hook
+    return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
