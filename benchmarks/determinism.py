@@ -9,10 +9,12 @@ kernel call), and the peak resident memory of a process training only one mode (
 processes: memory is not noisy, and one process cannot separate two models' peaks).
 
     python benchmarks/determinism.py [--steps 12] [--layout single|dp2xtp2] [--device cpu|cuda]
-                                     [--out FILE]
+                                     [--out FILE] [KEY=VALUE ...]
 
-On `--device cuda` the peak is the GPU's (`torch.cuda.max_memory_allocated`) and the machine
-is named by its GPU.
+Trailing KEY=VALUE overrides change the experiment (a smaller grid, another data root). On
+`--device cuda` the peak is the GPU's (`torch.cuda.max_memory_allocated`), the machine is
+named by its GPU, and the GEMM share is not measured: kernels run asynchronously there, and
+timing each call would need a synchronization that slows the step it measures.
 
 Goal (issue): deterministic / fast <= 1.3 at one process and at dp2 x tp2.
 """
@@ -98,11 +100,11 @@ def _trainer(overrides: list[str], mode: str, run_dir: str, runtime=None):
     return trainer, runtime
 
 
-def compare(overrides: list[str], steps: int, out: str) -> None:
+def compare(overrides: list[str], steps: int, out: str, device: str) -> None:
     """One rank: both trainers, steps interleaved; rank 0 writes the timings as JSON."""
     import torch.distributed as dist
 
-    spent = _timed_kernels()
+    spent = _timed_kernels() if device == "cpu" else []
     scratch = tempfile.mkdtemp()
     det, runtime = _trainer(overrides, "deterministic", f"{scratch}/det")
     fast, _ = _trainer(overrides, "fast", f"{scratch}/fast", runtime)
@@ -117,7 +119,8 @@ def compare(overrides: list[str], steps: int, out: str) -> None:
         if i >= 2:
             times["deterministic"].append(t_det)
             times["fast"].append(t_fast)
-            gemm.append(in_kernels / t_det)
+            if device == "cpu":
+                gemm.append(in_kernels / t_det)
     if not dist.is_initialized() or dist.get_rank() == 0:
         Path(out).write_text(json.dumps(dict(times=times, gemm_share=gemm)))
 
@@ -154,30 +157,33 @@ def main() -> None:
     parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     args = parser.parse_args()
     ranks, overrides = LAYOUTS[args.layout]
-    overrides = [*overrides, f"trainer.device={args.device}", *([f"model={args.model}"] if args.model else [])]
+    overrides = [*overrides, f"trainer.device={args.device}", *([f"model={args.model}"] if args.model else []),
+                 *args.overrides]
     model_args = ["--model", args.model] if args.model else []
     if args.worker == "compare":
-        return compare(overrides, args.steps, args.result)
+        return compare(overrides, args.steps, args.result, args.device)
     if args.worker == "memory":
         return peak_memory(overrides, args.mode, args.steps, args.result)
 
     with tempfile.TemporaryDirectory() as tmp:
         result = f"{tmp}/compare.json"
         _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", str(args.steps),
-                *model_args, "--worker", "compare", "--result", result)
+                *model_args, "--worker", "compare", "--result", result, *args.overrides)
         data = json.loads(Path(result).read_text())
         peaks = {}
         for mode in ("deterministic", "fast"):
             _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", "3",
-                    *model_args, "--worker", "memory", "--mode", mode, "--result", f"{tmp}/{mode}")
+                    *model_args, "--worker", "memory", "--mode", mode, "--result", f"{tmp}/{mode}",
+                    *args.overrides)
             peaks[mode] = max(int(p.read_text()) for p in Path(tmp).glob(f"{mode}.*"))
     det, fast = (statistics.median(data["times"][m]) for m in ("deterministic", "fast"))
     ratios = [d / f for d, f in zip(data["times"]["deterministic"], data["times"]["fast"])]
     lines = [
-        f"# Deterministic vs fast train step: default experiment{f' with model={args.model}' if args.model else ''}, "
-        f"layout {args.layout}",
+        f"# Deterministic vs fast train step: default experiment{f' with model={args.model}' if args.model else ''}"
+        f"{' with the overrides below' if args.overrides else ''}, layout {args.layout}",
         "",
         f"Machine: {_machine(args.device)}, OMP_NUM_THREADS=1 per rank, {ranks} rank(s); "
         f"{args.steps} interleaved steps per mode after 2 warm-up steps.",
@@ -190,10 +196,12 @@ def main() -> None:
         f"{max(ratios):.2f} |",
         f"| peak {'GPU memory' if args.device == 'cuda' else 'RSS'} per rank (MiB) | {peaks['deterministic'] / 2**20:.0f} | {peaks['fast'] / 2**20:.0f} | "
         f"{peaks['deterministic'] / peaks['fast']:.2f}x |",
-        f"| share of the deterministic step in GEMM kernels | {statistics.median(data['gemm_share']):.0%} | | |",
+        f"| share of the deterministic step in GEMM kernels | "
+        f"{format(statistics.median(data['gemm_share']), '.0%') if data['gemm_share'] else 'not measured on cuda'} | | |",
         "",
         f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --device {args.device} "
-        f"--steps {args.steps}{' --model ' + args.model if args.model else ''}`",
+        f"--steps {args.steps}{' --model ' + args.model if args.model else ''}"
+        f"{''.join(' ' + o for o in args.overrides)}`",
     ]
     report(lines, args.out)
 

@@ -7,13 +7,21 @@ pass and for forward + backward (dA and dB). Samples alternate (det, torch, det,
 torch, ...) so both sides see the same machine state; the ratio is the median of the
 per-pair ratios, printed beside the CPU model / GPU name and the thread count.
 
-Shapes (M, K, N): 1024^3, 4096x1024x1024 (and 4096^3 on a GPU), and wxformer-like projection shapes
-with M = 8192 tokens and (K, N) in {(64,64), (64,256), (256,64), (128,128),
-(128,512), (512,128)}.
+Shapes (M, K, N), by `--shapes` (comma-separated sets; default square,projections, plus
+gpu-square on a GPU):
+- square: 1024^3 and 4096x1024x1024; gpu-square: 4096^3;
+- projections: M = 8192 tokens and (K, N) in {(64,64), (64,256), (256,64), (128,128),
+  (128,512), (512,128)};
+- experiment: every projection of the composed experiment's model (`--override KEY=VALUE`
+  adjusts the config) at its batch size, traced on the meta device;
+- credit:FILE: every projection of the model a CREDIT `model:` section describes, batch 1
+  (benchmarks/configs/crossformer_0.25deg.yml is CREDIT's 0.25-degree crossformer).
 
     PYTHONPATH=. python benchmarks/gemm.py            # full run
     PYTHONPATH=. python benchmarks/gemm.py --quick    # 1 thread, fewer shapes
     PYTHONPATH=. python benchmarks/gemm.py --quick --out benchmarks/results/gemm_cpu.md
+    PYTHONPATH=. python benchmarks/gemm.py --backends triton,cuda --dtypes bfloat16,float32 \
+        --shapes gpu-square,experiment,credit:benchmarks/configs/crossformer_0.25deg.yml
 
 Backends that cannot run here are listed as "not available on this machine"
 with the reason, and are never timed.
@@ -31,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import yaml
 
 from credit.kernels.gemm import available_backends, det_mm
 from credit.kernels.gemm._registry import unavailable_reason
@@ -86,8 +95,50 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "unknown CPU"
 
 
+def experiment_shapes(overrides: list[str]) -> list[tuple[int, int, int]]:
+    """The projection products of the composed experiment's model at its batch size (its
+    data must exist: the layout is read from one sample)."""
+    from credit.config import compose_config
+    from credit.data import build_dataset, model_layout
+    from credit.models import build_model
+    from credit.models.gemm_shapes import projection_gemms
+    from credit.models.inputs import predict
+
+    cfg = compose_config(overrides)
+    dataset = build_dataset(cfg.data, "train_period")
+    sample, batch = dataset[0], cfg.trainer.batch_size
+    layout = model_layout(cfg.data, dataset)
+    with torch.device("meta"):
+        model = build_model(cfg.model, **layout)
+    state, forcing, static = (torch.empty(batch, *sample[k].shape, device="meta")
+                              for k in ("state", "forcing", "static"))
+    history = cfg.data.history_len
+    counts = projection_gemms(model, lambda m: predict(m, state, forcing[:, : history + 1], static))
+    return sorted(counts)
+
+
+def shape_set(name: str, overrides: list[str]) -> list[tuple[int, int, int]]:
+    """The (M, K, N) shapes of one `--shapes` entry."""
+    if name == "square":
+        return SQUARE
+    if name == "gpu-square":
+        return GPU_SQUARE
+    if name == "projections":
+        return PROJECTIONS
+    if name == "experiment":
+        return experiment_shapes(overrides)
+    if name.startswith("credit:"):
+        from credit.models.gemm_shapes import credit_section_gemms
+
+        section = yaml.safe_load(Path(name[len("credit:"):]).read_text())["model"]
+        return sorted(credit_section_gemms(section))
+    raise SystemExit(f"error: --shapes entry {name!r} is not one of square, gpu-square, projections, "
+                     f"experiment, credit:FILE")
+
+
 def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
-                device: torch.device, repeat: int) -> dict[str, tuple[float, float, float]]:
+                device: torch.device, repeat: int,
+                min_time: float = 0.05) -> dict[str, tuple[float, float, float]]:
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
@@ -109,8 +160,8 @@ def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
         ag.grad = bg.grad = None
         torch.matmul(ag, bg).backward(dc)
 
-    return {"fwd": interleaved(det_fwd, ref_fwd, device, repeat),
-            "fb": interleaved(det_fwd_bwd, ref_fwd_bwd, device, repeat)}
+    return {"fwd": interleaved(det_fwd, ref_fwd, device, repeat, min_time),
+            "fb": interleaved(det_fwd_bwd, ref_fwd_bwd, device, repeat, min_time)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,12 +174,24 @@ def main(argv: list[str] | None = None) -> int:
                    "CPU float16 kernel, so timing it takes long")
     p.add_argument("--backends", default="cpu,triton,cuda")
     p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--shapes", help="comma-separated shape sets: square, gpu-square, projections, "
+                   "experiment, credit:FILE (default: square,projections; gpu-square too on a GPU)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for --shapes experiment (repeatable)")
+    p.add_argument("--min-time", type=float, default=0.05,
+                   help="seconds each timed sample lasts at least (calls repeated to fill it)")
     p.add_argument("--out", type=Path, help="also write the tables to this file")
     args = p.parse_args(argv)
 
-    shapes = SQUARE + PROJECTIONS
     threads = [int(t) for t in args.threads.split(",")]
     repeat = args.repeat
+    if args.shapes:
+        shapes = list(dict.fromkeys(s for name in args.shapes.split(",")
+                                    for s in shape_set(name, args.override)))
+        gpu_shapes = shapes
+    else:
+        shapes = SQUARE + PROJECTIONS
+        gpu_shapes = [*GPU_SQUARE, *shapes]
     if args.quick:
         shapes, threads, repeat = [SQUARE[0], *PROJECTIONS[::2]], [1], 3
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
@@ -163,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 "| det fwd+bwd ms | torch fwd+bwd ms | fwd+bwd speed | machine |")
             say("|---|---|---|---|---|---|---|---|---|")
             for dtype in dtypes:
-                for shape in (shapes if device.type == "cpu" else [*GPU_SQUARE, *shapes]):
-                    r = bench_shape(backend, dtype, shape, device, repeat)
+                for shape in (shapes if device.type == "cpu" else gpu_shapes):
+                    r = bench_shape(backend, dtype, shape, device, repeat, args.min_time)
                     (df, rf, sf), (db, rb, sb) = r["fwd"], r["fb"]
                     say(f"| {str(dtype).replace('torch.', '')} | {'x'.join(map(str, shape))} "
                         f"| {df * 1e3:.2f} | {rf * 1e3:.2f} | {sf:.2f} "

@@ -41,6 +41,7 @@ def tiny_overrides(tiny_data):
 HEAVY = {
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
+    "manual/test_gpu_kit.py",
     "parallel/test_clip_and_layout.py",
     "parallel/test_collective_devices.py",
     "parallel/test_credit_deterministic_tp.py",

@@ -6,7 +6,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "credit"
 FLOORS = {"cli": 4, "train": 3, "rollout": 3, "diagnostics": 3, "checkpoint": 2,
-          "config": 1, "data": 1, "models": 1, "parallel": 1, "kernels": 1, "logs": 1, "conf": 1}
+          "config": 1, "data": 1, "models": 1, "parallel": 1, "kernels": 1, "logs": 1, "conf": 1,
+          "compat": 0}
 
 
 def _room(module: str) -> str:

@@ -72,11 +72,10 @@ class AllGatherCheck(_UnitCheck):
         if not self.enabled:
             return
         for unit in self.units:
-            dtype = unit.param_group.mp_policy.param_dtype
             for param in unit.params:
                 shard = local(param.sharded)
-                if dtype is not None:
-                    shard = shard.to(dtype)
+                if param.gather_dtype is not None:
+                    shard = shard.to(param.gather_dtype)
                 buffer[self.spans[param.name].start] = bit_checksum(shard)
 
     @torch.no_grad()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
+from credit.compat import all_gather_single
 from credit.config.validate import ConfigError
 from credit.diagnostics.comm import AllGatherCheck, ReduceScatterCheck
 from credit.diagnostics.compute import ComputeCheck
@@ -168,7 +169,7 @@ class SDCDetector:
         if self.world_size > 1:
             everyone = torch.empty(self.world_size * buffer.numel(), dtype=buffer.dtype,
                                    device=buffer.device)
-            dist.all_gather_single(everyone, buffer)
+            all_gather_single(everyone, buffer)
             rows = everyone.view(self.world_size, -1).tolist()
         else:
             rows = [buffer.tolist()]

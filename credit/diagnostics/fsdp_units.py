@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from credit.compat import fsdp_gather_dtype, fsdp_param_groups
+
 
 @dataclass
 class UnitParam:
@@ -23,6 +25,7 @@ class UnitParam:
     attr: str
     sharded: torch.Tensor  # this rank's shard (a DTensor), what the all-gather sends
     shard_numel: int  # its padded length in the reduce-scatter output
+    gather_dtype: torch.dtype | None  # what FSDP2 casts the shard to before gathering (None: none)
 
 
 @dataclass
@@ -37,7 +40,7 @@ class FSDPUnit:
 
 def _param_group(module: FSDPModule):
     try:
-        groups = module._get_fsdp_state()._fsdp_param_groups
+        groups = fsdp_param_groups(module._get_fsdp_state())
         return groups[0] if len(groups) == 1 else None
     except AttributeError as error:  # a torch release reorganised FSDP2's state
         raise RuntimeError(f"diagnostics.sdc cannot read FSDP2's unit layout in torch "
@@ -66,7 +69,8 @@ def fsdp_units(model: nn.Module) -> list[FSDPUnit]:
             params.append(UnitParam(
                 name=f"{owner}.{info.param_name}" if owner else info.param_name,
                 module=info.module, attr=info.param_name, sharded=fsdp_param.sharded_param,
-                shard_numel=fsdp_param.padded_sharded_param_size.numel()))
+                shard_numel=fsdp_param.padded_sharded_param_size.numel(),
+                gather_dtype=fsdp_gather_dtype(group, fsdp_param)))
         units.append(FSDPUnit(
             name=names[id(group.modules[0])] or "<root>", modules=tuple(group.modules),
             params=params, group=shard_group,

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
+from credit.compat import all_gather_single
 from credit.diagnostics.checksum import bit_checksum
 from credit.diagnostics.detector import SDCDetector
 from credit.diagnostics.verdict import Mismatch, disagreeing
@@ -103,7 +104,7 @@ def _output_mismatches(iteration: int, outputs: torch.Tensor, world: int) -> lis
     sums = torch.stack([bit_checksum(out) for out in outputs])
     if world > 1:
         everyone = torch.empty(world * sums.numel(), dtype=sums.dtype, device=sums.device)
-        dist.all_gather_single(everyone, sums)
+        all_gather_single(everyone, sums)
         rows = everyone.view(world, -1).tolist()
     else:
         rows = [sums.tolist()]

@@ -56,8 +56,8 @@ def _tensors(value) -> list[torch.Tensor]:
 def _site() -> str:
     """Who called the collective: a credit module and function, or torch itself."""
     caller = inspect.currentframe().f_back.f_back  # _site <- wrapper <- caller
-    while caller is not None and caller.f_code.co_filename.endswith("contextlib.py"):
-        caller = caller.f_back  # torch's decorators (no_grad, ...) sit in between
+    while caller is not None and caller.f_code.co_filename.endswith(("contextlib.py", "credit/compat.py")):
+        caller = caller.f_back  # torch's decorators (no_grad, ...) and credit's torch shims sit in between
     path = str(Path(caller.f_code.co_filename).resolve()) if caller else ""
     if path.startswith(_CREDIT):
         return f"credit{path[len(_CREDIT):]}:{caller.f_code.co_name}"

@@ -27,7 +27,9 @@ EXPECTED_SITES = {
     ("all_reduce", "credit/train/trainer.py:_report_skipped"),  # data.nonfinite=skip_sample count
     ("all_gather", "credit/train/deterministic.py:global_loss"),  # per-sample loss tree
     ("all_to_all_single", "credit/parallel/tree_reduce.py:__call__"),  # det FSDP2 gradients
-    ("all_gather_single", "credit/diagnostics/detector.py:end_step"),  # SDC checksums
+    # SDC checksums (credit.compat.all_gather_single: torch < 2.13 has the older name only)
+    ("all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor",
+     "credit/diagnostics/detector.py:end_step"),
     ("barrier", "credit/checkpoint/manager.py:_barrier"),
 }
 

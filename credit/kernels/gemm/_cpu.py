@@ -87,7 +87,8 @@ def load(isa: str | None = None) -> ModuleType:
         try:
             from torch.utils import cpp_extension
 
-            flags = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
+            # no -std: torch adds the C++ standard its own headers need (c++17 up to 2.14, c++20 since)
+            flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
             name = f"credit_det_gemm_cpu_{isa}"
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
             with _build_lock(build_dir):

@@ -20,8 +20,9 @@ from ._tree import num_leaves, schedule_tensor
 CSRC = Path(__file__).with_name("csrc")
 KERNEL_SOURCE = CSRC / "cuda_gemm.cu"
 BINDING_SOURCE = CSRC / "cuda_binding.cpp"
-NVCC_FLAGS = ["-O3", "--fmad=false", "-std=c++17"]
-"""nvcc flags (also used by the compile-only test)."""
+NVCC_FLAGS = ["-O3", "--fmad=false"]
+"""nvcc flags (also used by the compile-only test); no -std: torch adds the C++ standard its
+headers need (c++17 up to 2.14, c++20 since), and the kernel source compiles under both."""
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -42,7 +43,7 @@ def load() -> ModuleType:
             _module = cpp_extension.load(
                 name="credit_det_gemm_cuda",
                 sources=[str(BINDING_SOURCE), str(KERNEL_SOURCE)],
-                extra_cflags=["-O3", "-std=c++17"],
+                extra_cflags=["-O3"],
                 extra_cuda_cflags=NVCC_FLAGS,
                 verbose=False,
             )

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# The GPU kit: proves the CUDA and Triton paths on a lent GPU machine in one call of the device
+# tool (under its 10-minute limit), with the wheels prepare.sh saved in .whl/ carried along:
+#
+#   bash manual_tests/gpu/run.sh              # there; carry [".whl"]
+#   bash manual_tests/gpu/run.sh --dry-run    # here: the same steps on CPU at tiny sizes
+#
+# Steps: install the wheels with --no-index into a private folder and the project beside them
+# (the image's torch is left as it is); print the torch/triton/CUDA/GPU versions; the GPU
+# kernel tests; benchmarks/gemm.py (det Triton and det CUDA against cuBLAS, bf16 and fp32, at
+# 4096^3 and at the projection shapes of the default experiment and of CREDIT's 0.25-degree
+# crossformer); benchmarks/determinism.py; `credit train` of the default experiment on one GPU,
+# once in fast mode and twice in deterministic mode (steps/s, peak GPU memory, and whether the
+# two deterministic runs hold the same bits). A failing step is reported and the next runs.
+#
+# Results go to $OUT (default: ./gpu_kit_out), named after the GPU, ready to commit to
+# benchmarks/results/: kit_<gpu>.md (versions, steps, tests, training), gemm_<gpu>.md,
+# determinism_<gpu>.md, kit_<gpu>.log (everything printed). Exit 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+
+DRY_RUN=0
+case "${1:-}" in
+    --dry-run) DRY_RUN=1 ;;
+    "") ;;
+    *) echo "usage: run.sh [--dry-run]" >&2; exit 2 ;;
+esac
+OUT=${OUT:-$REPO/gpu_kit_out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+KIT_START=$(date +%s)
+
+# ------------------------------------------------------------------ environment
+if (( DRY_RUN )); then
+    PYTHON=${PYTHON:-$(command -v python)}
+    SITE=""
+    DEVICE=cpu
+else
+    PYTHON=${PYTHON:-python3}
+    SITE=$WORK/site
+    DEVICE=cuda
+fi
+
+GPU_NAME=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>/dev/null)
+if (( DRY_RUN )); then
+    SLUG=cpu_dry_run
+elif [ -z "$GPU_NAME" ]; then
+    echo "error: no CUDA GPU is visible to $PYTHON's torch; on a machine without one, use --dry-run" >&2
+    exit 2
+else
+    SLUG=$(echo "$GPU_NAME" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9\n' '_' | sed 's/__*/_/g; s/_$//')
+fi
+SUMMARY=$OUT/kit_$SLUG.md
+LOG=$OUT/kit_$SLUG.log
+: > "$LOG"
+FAILED=()
+STEP_ROWS=()
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+# step NAME TIMEOUT_S COMMAND...: run, log, time, and record the outcome without stopping the kit
+step() {
+    local name=$1 limit=$2 started rc
+    shift 2
+    say ""
+    say "=== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
+    started=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    rc=$?
+    local took=$(( $(date +%s) - started ))
+    if (( rc == 0 )); then
+        STEP_ROWS+=("| $name | passed | $took |")
+    else
+        FAILED+=("$name")
+        STEP_ROWS+=("| $name | **failed** (exit $rc$( ((rc == 124)) && echo ', timed out')) | $took |")
+    fi
+    say "=== $name: exit $rc after ${took}s"
+    return 0
+}
+
+install() {
+    local before after
+    before=$("$PYTHON" -c "import torch; print(torch.__version__)")
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl || return 1
+    # the project itself, built from this tree with the image's setuptools; no dependency is
+    # resolved, so the image's torch, triton and numpy stay
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
+        --target "$SITE" . || return 1
+    after=$(PYTHONPATH=$SITE "$PYTHON" -c "import torch; print(torch.__version__)")
+    [ "$before" = "$after" ] || { echo "torch changed from $before to $after"; return 1; }
+    PYTHONPATH=$SITE "$PYTHON" -c "import credit, hydra, omegaconf, netCDF4, h5netcdf, zarr, numcodecs; print('imports ok')"
+}
+
+versions() {
+    "$PYTHON" - <<'PY'
+import platform, subprocess, sys
+import numpy, torch
+print(f"python {platform.python_version()} ({sys.executable})")
+print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+try:
+    import triton
+    print(f"triton {triton.__version__}")
+except ImportError:
+    print("triton: not installed")
+print(f"numpy {numpy.__version__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU {p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB, "
+          f"{p.multi_processor_count} SMs, {torch.cuda.device_count()} visible")
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        print(f"driver {drv}")
+    except (OSError, subprocess.SubprocessError):
+        print("driver: nvidia-smi not found")
+else:
+    print("GPU: none visible (dry run on CPU)")
+try:
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30).stdout
+    print("nvcc", nvcc.strip().splitlines()[-1])
+except (OSError, subprocess.SubprocessError, IndexError):
+    print("nvcc: not found")
+import os
+print(f"{os.cpu_count()} CPU cores")
+PY
+}
+
+if (( DRY_RUN )); then
+    say "dry run on CPU: installing skipped, using $PYTHON as it is"
+else
+    step "install wheels and project (--no-index)" 180 install
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    export PATH=$SITE/bin:$PATH
+fi
+CREDIT=("$PYTHON" -m credit.cli)
+
+VERSIONS=$(versions 2>&1)
+say ""
+say "$VERSIONS"
+
+# ------------------------------------------------------------------ sizes
+if (( DRY_RUN )); then
+    DATA=$WORK/data
+    "${CREDIT[@]}" data generate --out "$DATA" --grid 16x32 --years 2000 2001 --levels 500 850 \
+        --train-years 2000 --days-per-year 12 --no-progress >>"$LOG" 2>&1
+    EXPERIMENT=(data.root="$DATA" data.generate_if_missing=false "data.levels=[500,850]"
+                "data.train_period=[2000-01-01,2000-01-12]" "data.valid_period=[2001-01-01,2001-01-12]"
+                data.valid_samples=4 trainer.batch_size=4 "model.dim=[8,16,32,64]" model.dim_head=4
+                model.num_spectral_nodes=4)
+    TRAIN_STEPS=4
+    KERNEL_TESTS=(--collect-only -q tests/kernels/test_gemm_gpu.py)
+    GEMM=(--backends cpu,triton,cuda --dtypes float32 --threads 1 --repeat 1 --min-time 0.001
+          --shapes experiment)
+    DET_STEPS=2
+else
+    DATA=$WORK/data  # the default experiment's embedded dataset, generated by the first run
+    EXPERIMENT=(data.root="$DATA")
+    TRAIN_STEPS=200
+    KERNEL_TESTS=(-q -rs -p no:cacheprovider tests/kernels/test_gemm_gpu.py tests/kernels/test_gemm_api.py)
+    GEMM=(--backends triton,cuda --dtypes bfloat16,float32 --repeat 5 --min-time 0.02
+          --shapes gpu-square,experiment,credit:benchmarks/configs/crossformer_0.25deg.yml)
+    DET_STEPS=12
+fi
+TRAIN_COMMON=("${EXPERIMENT[@]}" trainer.device=$DEVICE trainer.max_steps=$TRAIN_STEPS
+              trainer.progress_bar=false trainer.resume=never)
+
+# ------------------------------------------------------------------ the steps
+step "kernel tests" 300 "$PYTHON" -m pytest "${KERNEL_TESTS[@]}"
+KERNEL_RESULT=$(grep -E "passed|failed|skipped|error|tests? collected" "$LOG" | tail -n 1)
+
+step "train fast" 240 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=fast run_dir="$WORK/fast"
+step "train deterministic (1)" 240 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
+    run_dir="$WORK/det1"
+step "train deterministic (2)" 240 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
+    run_dir="$WORK/det2"
+step "deterministic runs hold the same bits" 120 "$PYTHON" manual_tests/determinism/compare_runs.py \
+    "$WORK/det1" "$WORK/det2"
+IDENTICAL=$([[ " ${FAILED[*]} " == *" deterministic runs hold the same bits "* ]] && echo no || echo yes)
+TRAIN_TABLE=$("$PYTHON" manual_tests/gpu/train_summary.py fast="$WORK/fast" det1="$WORK/det1" \
+    det2="$WORK/det2" 2>&1)
+
+step "benchmarks/determinism.py" 240 "$PYTHON" benchmarks/determinism.py --device $DEVICE \
+    --steps $DET_STEPS --out "$OUT/determinism_$SLUG.md" "${EXPERIMENT[@]}"
+
+GEMM_OVERRIDES=()
+for o in "${EXPERIMENT[@]}"; do GEMM_OVERRIDES+=(--override "$o"); done
+step "benchmarks/gemm.py" 300 "$PYTHON" benchmarks/gemm.py \
+    "${GEMM[@]}" "${GEMM_OVERRIDES[@]}" --out "$OUT/gemm_$SLUG.md"
+
+# ------------------------------------------------------------------ the report
+{
+    echo "# GPU kit: ${GPU_NAME:-dry run on CPU}"
+    echo
+    echo "\`bash manual_tests/gpu/run.sh$( ((DRY_RUN)) && echo ' --dry-run')\` at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - KIT_START )) s in all."
+    echo
+    echo "## Versions"
+    echo
+    echo '```'
+    echo "$VERSIONS"
+    echo '```'
+    echo
+    echo "## Steps"
+    echo
+    echo "| step | outcome | seconds |"
+    echo "| --- | --- | --- |"
+    printf '%s\n' "${STEP_ROWS[@]}"
+    echo
+    echo "Kernel tests: ${KERNEL_RESULT:-no summary line (see the log)}"
+    echo
+    echo "## One-GPU training of the default experiment ($TRAIN_STEPS steps)"
+    echo
+    echo "$TRAIN_TABLE"
+    echo
+    echo "Two deterministic runs hold the same bits (metrics and every checkpoint tensor): **$IDENTICAL**."
+    echo
+    echo "GEMM and determinism tables: gemm_$SLUG.md, determinism_$SLUG.md; everything printed: kit_$SLUG.log."
+} > "$SUMMARY"
+cat "$SUMMARY"
+if (( ${#FAILED[@]} )); then
+    echo "failed steps: ${FAILED[*]}" >&2
+    exit 1
+fi

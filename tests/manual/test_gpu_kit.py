@@ -1,0 +1,44 @@
+"""The GPU kit's dry run: every step of manual_tests/gpu/run.sh on CPU at tiny sizes, so the
+kit a lent GPU machine runs cannot rot between the sessions that get one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(900)  # seven steps, each a fresh process; the first may compile the CPU GEMM
+def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = (out / "kit_cpu_dry_run.log").read_text() if (out / "kit_cpu_dry_run.log").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-6000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "determinism_cpu_dry_run.md", "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
+
+    kit = (out / "kit_cpu_dry_run.md").read_text()
+    steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][1:]
+    assert [s.split("|")[1].strip() for s in steps] == [
+        "kernel tests", "train fast", "train deterministic (1)", "train deterministic (2)",
+        "deterministic runs hold the same bits", "benchmarks/determinism.py", "benchmarks/gemm.py"]
+    assert all(s.split("|")[2].strip() == "passed" for s in steps), kit
+    assert "torch " + __import__("torch").__version__ in kit
+    assert "Two deterministic runs hold the same bits (metrics and every checkpoint tensor): **yes**" in kit
+    train_rows = [line for line in kit.splitlines() if line.startswith(("| fast |", "| det1 |", "| det2 |"))]
+    assert [r.split("|")[3].strip() for r in train_rows] == ["fast", "deterministic", "deterministic"]
+    assert all(r.split("|")[5].strip() == "4" for r in train_rows)  # steps trained
+
+    gemm = (out / "gemm_cpu_dry_run.md").read_text()
+    assert "## backend cpu on" in gemm and "| float32 | 8x64x64 |" in gemm  # the experiment's shapes
+    assert "## backend triton: not available on this machine (no CUDA GPU)" in gemm
+    determinism = (out / "determinism_cpu_dry_run.md").read_text()
+    assert "| median step (s) |" in determinism and "--device cpu --steps 2" in determinism
