@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 
 
 def row(label: str, run: Path) -> str:
+    if not (run / "metrics.csv").is_file() or not (run / "config.yaml").is_file():
+        return f"| {label} | no finished run in {run} | | | | | | | | | |"
     cfg = OmegaConf.load(run / "config.yaml")
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -28,7 +30,7 @@ def row(label: str, run: Path) -> str:
         raise SystemExit(f"error: {run / 'metrics.csv'} holds no training row")
     timed = train[1:] or train
     steps_per_s = statistics.median(float(r["samples_per_s"]) for r in timed) / cfg.trainer.batch_size
-    allocated = max(float(r["peak_mem_mib"] or "nan") for r in train)
+    allocated = max(float(r.get("peak_mem_mib") or "nan") for r in train)
     reserved = [float(r["peak_reserved_mib"]) for r in train if r.get("peak_reserved_mib")]
     last_valid = float(valid[-1]["loss"]) if valid else float("nan")
     return (f"| {label} | {cfg.model.name} | {cfg.model.gemm} | {cfg.trainer.device} | {train[-1]['step']} "
@@ -43,7 +45,7 @@ def row(label: str, run: Path) -> str:
 def main(argv: list[str]) -> int:
     if not argv or any("=" not in a for a in argv):
         raise SystemExit("usage: train_summary.py LABEL=RUN_DIR [LABEL=RUN_DIR ...]")
-    print("| run | model | gemm | device | steps | batch | steps/s | peak allocated MiB "
+    print("| run | model | gemm | device | steps | batch | steps/s | peak MiB (CUDA allocated; CPU RSS) "
           "| peak reserved MiB | last train loss | last valid loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for arg in argv:

@@ -26,12 +26,13 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
         "determinism_cpu_dry_run.md", "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
 
     kit = (out / "kit_cpu_dry_run.md").read_text()
-    steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][1:]
+    steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
     assert [s.split("|")[1].strip() for s in steps] == [
         "kernel tests", "train fast", "train deterministic (1)", "train deterministic (2)",
         "deterministic runs hold the same bits", "benchmarks/determinism.py", "benchmarks/gemm.py"]
     assert all(s.split("|")[2].strip() == "passed" for s in steps), kit
     assert "torch " + __import__("torch").__version__ in kit
+    assert "tests collected" in kit.split("Kernel tests: ")[1].splitlines()[0]  # pytest's own line
     assert "Two deterministic runs hold the same bits (metrics and every checkpoint tensor): **yes**" in kit
     train_rows = [line for line in kit.splitlines() if line.startswith(("| fast |", "| det1 |", "| det2 |"))]
     assert [r.split("|")[3].strip() for r in train_rows] == ["fast", "deterministic", "deterministic"]
@@ -42,3 +43,20 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
     assert "## backend triton: not available on this machine (no CUDA GPU)" in gemm
     determinism = (out / "determinism_cpu_dry_run.md").read_text()
     assert "| median step (s) |" in determinism and "--device cpu --steps 2" in determinism
+
+
+def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
+    """The device tool stops a command at its limit: the kit keeps to KIT_BUDGET_S and its
+    report, rewritten after every step, names what it had no time for; the exit is non-zero."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "KIT_BUDGET_S": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "failed steps: kernel tests train fast" in proc.stderr
+    kit = (out / "kit_cpu_dry_run.md").read_text()
+    steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
+    assert len(steps) == 7 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
+    assert "**not checked (out of time)**" in kit
+    assert "| fast | no finished run in" in kit
