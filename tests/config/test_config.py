@@ -123,7 +123,8 @@ def test_configs_ship_inside_a_non_editable_install(tmp_path):
              "c = compose_config(['trainer.max_steps=3']); "
              "assert credit.__file__.startswith(sys.argv[1]), credit.__file__; "
              "print(c.model.name, c.trainer.max_steps)")
-    env_path = os.pathsep.join([str(target)])
+    # the wheel's folder first; a PYTHONPATH already set (dependencies installed with --target) after it
+    env_path = os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])])
     result = subprocess.run([sys.executable, "-c", probe, str(target)], capture_output=True,
                             text=True, cwd=tmp_path, timeout=120,
                             env={**os.environ, "PYTHONPATH": env_path, "PYTHONSAFEPATH": "1"})
