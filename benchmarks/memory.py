@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Per-rank memory of real training steps at several tensor-parallel degrees.
+
+For each variant (tp = 1, 2, 4 on as many gloo ranks, dp = 1, batch 1 by default) a fresh
+launch trains on a generated dataset of the chosen grid and reports, max over its ranks:
+- activation memory: the peak resident set during a step minus the resident set just before
+  it (the parameters, gradients, optimizer state and loader buffers are held before the step);
+- peak resident set during a step;
+- bytes of parameters, gradients and optimizer state this rank holds (local shards);
+- the median step time.
+Variants are launched in rounds (tp1, tp2, tp4, tp1, tp2, tp4, ...) so every variant sees the
+same machine state; each figure is the median over the rounds.
+
+Measuring a step's memory through the resident set needs freed memory to leave it: the
+workers run with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD_`), so every
+tensor larger than that is its own mapping, returned to the kernel when freed, instead of
+heap pages the allocator keeps.
+
+    python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4] [--rounds 3] [--steps 2]
+                                [--out FILE] [KEY=VALUE ...]
+
+The default model is CREDIT's crossformer with widths 32-256, earth-padded from 181x360 to
+192x384 (the default experiment's wxformer_next does not tile 181 rows); KEY=VALUE overrides
+change it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# crossformer sized like the default experiment, padded so its windows tile 181x360
+MODEL = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.mode=earth",
+         "model.padding_conf.pad_lat=[5,6]", "model.padding_conf.pad_lon=[12,12]"]
+COMMON = ["trainer.batch_size=1", "trainer.progress_bar=false", "trainer.valid_every_n_steps=0",
+          "trainer.checkpoint.every_n_steps=0", "trainer.resume=never", "data.valid_samples=1",
+          "data.levels=[500,850]", "data.train_period=[2000-01-01,2000-01-03]",
+          "data.valid_period=[2001-01-01,2001-01-03]", "data.generate_if_missing=false"]
+
+
+def _resident() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _local_bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        t = getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
+        total += t.numel() * t.element_size()
+    return total
+
+
+def worker(tp: int, steps: int, overrides: list[str], result: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from credit.config import compose_config
+    from credit.parallel import build_runtime
+    from credit.train.memory import PeakMemory
+    from credit.train.trainer import Trainer
+
+    cfg = compose_config([*MODEL, *COMMON, *overrides, f"trainer.parallelism.tensor={tp}",
+                          "trainer.parallelism.data=none", f"run_dir={tempfile.mkdtemp()}"])
+    trainer = Trainer(cfg, build_runtime(cfg))
+    trainer.setup()
+    trainer.model.train()
+    batches = iter(trainer.loader)
+    trainer.train_step(batches)  # warm-up: the optimizer state exists from here on
+    peaks = PeakMemory(torch.device("cpu"))
+    activation, peak_rss, seconds = [], [], []
+    for _ in range(steps):
+        before = _resident()
+        peaks.read()  # resets the peak
+        seconds.append(trainer.train_step(batches).seconds)
+        peak = peaks.read()[0]
+        activation.append(peak - before)
+        peak_rss.append(peak)
+    params = list(trainer.model.parameters())
+    state = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    mine = torch.tensor([statistics.median(activation), statistics.median(peak_rss), _local_bytes(params),
+                         _local_bytes(p.grad for p in params if p.grad is not None), _local_bytes(state)],
+                        dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        keys = ("activation", "peak_rss", "params", "grads", "optimizer")
+        Path(result).write_text(json.dumps({**dict(zip(keys, mine.tolist())),
+                                            "step_s": statistics.median(seconds)}))
+
+
+def _launch(tp: int, steps: int, overrides: list[str], result: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    prefix = [sys.executable]
+    if tp > 1:
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}"]
+    subprocess.run([*prefix, __file__, "--worker", "--tp", str(tp), "--steps", str(steps),
+                    "--result", result, *overrides], check=True, env=env)
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--grid", default="181x360", help="NLATxNLON of the generated dataset")
+    parser.add_argument("--tp", default="1,2,4", help="comma-separated tensor-parallel degrees")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2, help="measured steps per launch, after one warm-up")
+    parser.add_argument("--data-root", type=Path, help="an existing dataset (default: generate one)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(int(args.tp), args.steps, args.overrides, args.result)
+
+    degrees = [int(t) for t in args.tp.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.data_root
+        if root is None:
+            root = Path(tmp) / "data"
+            subprocess.run([sys.executable, "-m", "credit.cli", "data", "generate", "--out", str(root),
+                            "--grid", args.grid, "--years", "2000", "2001", "--levels", "500", "850",
+                            "--train-years", "2000", "--days-per-year", "3", "--no-progress"], check=True)
+        overrides = [f"data.root={root}", *args.overrides]
+        runs: dict[int, list[dict]] = {tp: [] for tp in degrees}
+        for r in range(args.rounds):
+            for tp in degrees:
+                result = f"{tmp}/tp{tp}_{r}.json"
+                _launch(tp, args.steps, overrides, result)
+                runs[tp].append(json.loads(Path(result).read_text()))
+
+    def med(tp: int, key: str) -> float:
+        return statistics.median(run[key] for run in runs[tp])
+
+    base = degrees[0]
+    mib = 2**20
+    lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
+             f"Machine: {_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
+             f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
+             f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",
+             f"| tp | activation MiB | / tp{base} | peak RSS MiB | params MiB | grads MiB | optimizer MiB "
+             f"| step s | / tp{base} |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for tp in degrees:
+        lines.append(f"| {tp} | {med(tp, 'activation') / mib:.0f} | {med(tp, 'activation') / med(base, 'activation'):.2f} "
+                     f"| {med(tp, 'peak_rss') / mib:.0f} | {med(tp, 'params') / mib:.1f} | {med(tp, 'grads') / mib:.1f} "
+                     f"| {med(tp, 'optimizer') / mib:.1f} | {med(tp, 'step_s'):.2f} "
+                     f"| {med(tp, 'step_s') / med(base, 'step_s'):.2f} |")
+    lines += ["", "Reproduce: `python benchmarks/memory.py --grid " + args.grid + " --tp " + args.tp
+              + f" --rounds {args.rounds} --steps {args.steps}" + "".join(" " + o for o in args.overrides) + "`"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
