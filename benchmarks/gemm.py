@@ -130,8 +130,14 @@ def shape_set(name: str, overrides: list[str]) -> list[tuple[int, int, int]]:
     if name.startswith("credit:"):
         from credit.models.gemm_shapes import credit_section_gemms
 
-        section = yaml.safe_load(Path(name[len("credit:"):]).read_text())["model"]
-        return sorted(credit_section_gemms(section))
+        path = Path(name[len("credit:"):])
+        try:
+            config = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except yaml.YAMLError:
+            config = None
+        if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+            raise SystemExit(f"error: --shapes {name}: {path} is not a file holding a CREDIT `model:` section")
+        return sorted(credit_section_gemms(config["model"]))
     raise SystemExit(f"error: --shapes entry {name!r} is not one of square, gpu-square, projections, "
                      f"experiment, credit:FILE")
 
