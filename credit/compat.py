@@ -24,12 +24,12 @@ def fsdp_param_groups(state: object) -> list:
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is not None:
         return list(groups)
-    group = state._fsdp_param_group  # torch 2.11 and 2.12; AttributeError if moved again
+    group = state._fsdp_param_group  # torch 2.11; AttributeError if moved again
     return [] if group is None else [group]
 
 
 def fsdp_gather_dtype(param_group: object, fsdp_param: object) -> torch.dtype | None:
     """The dtype FSDP2 all-gathers one parameter in (None: its own dtype): the mixed-precision
-    policy is the parameter's own since torch 2.15, its group's before."""
+    policy is the parameter's own in torch 2.15, its group's in 2.11 and 2.13."""
     policy = getattr(fsdp_param, "mp_policy", None) or param_group.mp_policy
     return policy.param_dtype

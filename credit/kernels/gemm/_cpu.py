@@ -87,7 +87,7 @@ def load(isa: str | None = None) -> ModuleType:
         try:
             from torch.utils import cpp_extension
 
-            # no -std: torch adds the C++ standard its own headers need (c++17 up to 2.14, c++20 since)
+            # no -std: torch adds the C++ standard its own headers need (c++17 in 2.11 and 2.13, c++20 in 2.15)
             flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
             name = f"credit_det_gemm_cpu_{isa}"
             build_dir = cpp_extension._get_build_directory(name, verbose=False)

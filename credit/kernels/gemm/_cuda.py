@@ -22,7 +22,7 @@ KERNEL_SOURCE = CSRC / "cuda_gemm.cu"
 BINDING_SOURCE = CSRC / "cuda_binding.cpp"
 NVCC_FLAGS = ["-O3", "--fmad=false"]
 """nvcc flags (also used by the compile-only test); no -std: torch adds the C++ standard its
-headers need (c++17 up to 2.14, c++20 since), and the kernel source compiles under both."""
+headers need (c++17 in 2.11 and 2.13, c++20 in 2.15), and the kernel source compiles under both."""
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
