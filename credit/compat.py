@@ -11,16 +11,17 @@ import torch.distributed as dist
 
 
 def all_gather_single(output: torch.Tensor, tensor: torch.Tensor, group: object = None) -> None:
-    """Every rank's `tensor` into `output`, in rank order: torch 2.13 named this collective
-    `all_gather_single`, and the older `all_gather_into_tensor` is an alias of it since. Looked
-    up at each call, so what wraps `torch.distributed`'s functions sees the call too."""
+    """Every rank's `tensor` into `output`, in rank order: torch 2.11 has only
+    `all_gather_into_tensor`; 2.13 and 2.15 name it `all_gather_single` and keep the old name
+    as an alias. Looked up at each call, so what wraps `torch.distributed`'s functions sees
+    the call too."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(output, tensor, group=group)
 
 
 def fsdp_param_groups(state: object) -> list:
-    """FSDP2's parameter groups of one module's state: a list since torch 2.13, a single
-    optional group before."""
+    """FSDP2's parameter groups of one module's state: a list in torch 2.13 and 2.15, a
+    single optional group in 2.11."""
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is not None:
         return list(groups)
