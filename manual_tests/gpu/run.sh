@@ -137,6 +137,10 @@ step() {
 
 install() {
     local before after
+    if ! compgen -G ".whl/*.whl" > /dev/null; then
+        echo "error: .whl/ holds no wheels: run manual_tests/gpu/prepare.sh on a machine with PyPI and carry [\".whl\"]"
+        return 1
+    fi
     before=$("$PYTHON" -c "import torch; print(torch.__version__)")
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl || return 1
