@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_name
 
 LAYOUTS = {"single": (1, ["parallelism=single"]),
            "dp2xtp2": (4, ["parallelism=fsdp2_tp2", "trainer.batch_size=8"])}
@@ -47,22 +48,12 @@ def report(lines: list[str], out: Path | None) -> None:
         out.write_text(text)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _machine(device: str) -> str:
     if device == "cuda":
         import torch
 
         return f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores"
-    return f"{_cpu_name()}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def _timed_kernels() -> list[float]:

@@ -43,6 +43,7 @@ import yaml
 
 from credit.kernels.gemm import available_backends, det_mm
 from credit.kernels.gemm._registry import unavailable_reason
+from machine import cpu_name
 
 SQUARE = [(1024, 1024, 1024), (4096, 1024, 1024)]
 GPU_SQUARE = [(4096, 4096, 4096)]  # the GPU goal: >= 0.6x cuBLAS bf16 here
@@ -85,14 +86,7 @@ def interleaved(det: Callable[[], object], ref: Callable[[], object], device: to
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return cpu_name()
 
 
 def experiment_shapes(overrides: list[str]) -> list[tuple[int, int, int]]:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from machine import cpu_name
 
 # crossformer sized like the default experiment, padded so its windows tile 181x360
 MODEL = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.mode=earth",
@@ -107,13 +108,6 @@ def _launch(tp: int, steps: int, overrides: list[str], result: str) -> None:
                     "--result", result, *overrides], check=True, env=env)
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", default="181x360", help="NLATxNLON of the generated dataset")
@@ -151,7 +145,7 @@ def main() -> None:
     base = degrees[0]
     mib = 2**20
     lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
-             f"Machine: {_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
+             f"Machine: {cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
              f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
              f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",
              f"| tp | activation MiB | / tp{base} | peak RSS MiB | params MiB | grads MiB | optimizer MiB "
