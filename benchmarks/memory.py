@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Per-rank memory of real training steps at several tensor-parallel degrees.
+"""Per-rank memory of real training steps at several tensor-parallel degrees, with and
+without sequence parallelism.
 
-For each variant (tp = 1, 2, 4 on as many gloo ranks, dp = 1, batch 1 by default) a fresh
+For each variant (tp = 1, 2, 4 on as many gloo ranks, and tp = 2, 4 with
+`trainer.parallelism.sequence_parallel=true` (written 2sp, 4sp), dp = 1, batch 1 by default) a fresh
 launch trains on a generated dataset of the chosen grid and reports, max over its ranks:
 - activation memory: the peak resident set during a step minus the resident set just before
   it (the parameters, gradients, optimizer state and loader buffers are held before the step);
 - peak resident set during a step;
 - bytes of parameters, gradients and optimizer state this rank holds (local shards);
 - the median step time.
-Variants are launched in rounds (tp1, tp2, tp4, tp1, tp2, tp4, ...) so every variant sees the
+Variants are launched in rounds (1, 2, 4, 2sp, 4sp, 1, 2, ...) so every variant sees the
 same machine state; each figure is the median over the rounds.
 
 Measuring a step's memory through the resident set needs freed memory to leave it: the
@@ -16,7 +18,7 @@ workers run with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD
 tensor larger than that is its own mapping, returned to the kernel when freed, instead of
 heap pages the allocator keeps.
 
-    python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4] [--rounds 3] [--steps 2]
+    python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4,2sp,4sp] [--rounds 3] [--steps 2]
                                 [--out FILE] [KEY=VALUE ...]
 
 The default model is CREDIT's crossformer with widths 32-256, earth-padded from 181x360 to
@@ -61,7 +63,7 @@ def _local_bytes(tensors) -> int:
     return total
 
 
-def worker(tp: int, steps: int, overrides: list[str], result: str) -> None:
+def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -70,7 +72,9 @@ def worker(tp: int, steps: int, overrides: list[str], result: str) -> None:
     from credit.train.memory import PeakMemory
     from credit.train.trainer import Trainer
 
+    tp, sequence = _parse(variant)
     cfg = compose_config([*MODEL, *COMMON, *overrides, f"trainer.parallelism.tensor={tp}",
+                          f"trainer.parallelism.sequence_parallel={str(sequence).lower()}",
                           "trainer.parallelism.data=none", f"run_dir={tempfile.mkdtemp()}"])
     trainer = Trainer(cfg, build_runtime(cfg))
     trainer.setup()
@@ -99,19 +103,30 @@ def worker(tp: int, steps: int, overrides: list[str], result: str) -> None:
                                             "step_s": statistics.median(seconds)}))
 
 
-def _launch(tp: int, steps: int, overrides: list[str], result: str) -> None:
+def _parse(variant: str) -> tuple[int, bool]:
+    """'4sp' -> (4, True): the tensor-parallel degree and whether rows are split too."""
+    sequence = variant.endswith("sp")
+    tp = int(variant[:-2] if sequence else variant)
+    if sequence and tp < 2:
+        raise SystemExit(f"--tp {variant}: sequence parallelism needs a degree of at least 2")
+    return tp, sequence
+
+
+def _launch(variant: str, steps: int, overrides: list[str], result: str) -> None:
+    tp, _ = _parse(variant)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     prefix = [sys.executable]
     if tp > 1:
         prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}"]
-    subprocess.run([*prefix, __file__, "--worker", "--tp", str(tp), "--steps", str(steps),
+    subprocess.run([*prefix, __file__, "--worker", "--tp", variant, "--steps", str(steps),
                     "--result", result, *overrides], check=True, env=env)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", default="181x360", help="NLATxNLON of the generated dataset")
-    parser.add_argument("--tp", default="1,2,4", help="comma-separated tensor-parallel degrees")
+    parser.add_argument("--tp", default="1,2,4,2sp,4sp",
+                        help="comma-separated variants: a tensor-parallel degree, 'sp' appended for sequence parallelism")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="measured steps per launch, after one warm-up")
     parser.add_argument("--data-root", type=Path, help="an existing dataset (default: generate one)")
@@ -121,9 +136,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args()
     if args.worker:
-        return worker(int(args.tp), args.steps, args.overrides, args.result)
+        return worker(args.tp, args.steps, args.overrides, args.result)
 
-    degrees = [int(t) for t in args.tp.split(",")]
+    degrees = args.tp.split(",")
+    for variant in degrees:
+        _parse(variant)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data_root
         if root is None:
@@ -132,19 +149,20 @@ def main() -> None:
                             "--grid", args.grid, "--years", "2000", "2001", "--levels", "500", "850",
                             "--train-years", "2000", "--days-per-year", "3", "--no-progress"], check=True)
         overrides = [f"data.root={root}", *args.overrides]
-        runs: dict[int, list[dict]] = {tp: [] for tp in degrees}
+        runs: dict[str, list[dict]] = {tp: [] for tp in degrees}
         for r in range(args.rounds):
             for tp in degrees:
                 result = f"{tmp}/tp{tp}_{r}.json"
                 _launch(tp, args.steps, overrides, result)
                 runs[tp].append(json.loads(Path(result).read_text()))
 
-    def med(tp: int, key: str) -> float:
+    def med(tp: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[tp])
 
     base = degrees[0]
     mib = 2**20
     lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
+             "Variants: the tensor-parallel degree; `sp` = with sequence parallelism.", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
              f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
              f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",

@@ -190,6 +190,8 @@ class ParallelismConfig:
     reshard_after_forward: bool = True
     # fsdp2 only: block (one unit per block) | grouped (one unit per mesh: fewest collectives)
     shard_granularity: str = "block"
+    # tensor > 1: the transformer stages' rows split over the tp ranks (crossformer, wxformer_next)
+    sequence_parallel: bool = False
 
 
 @dataclass

@@ -246,6 +246,7 @@ def validate_trainer(trainer: DictConfig) -> None:
 
 
 ROLLOUT_WEIGHTS = ("auto", "ema", "model")
+SEQUENCE_PARALLEL_MODELS = ("crossformer", "wxformer_next")  # the models whose stages declare their grids
 
 
 def validate_rollout(rollout: DictConfig) -> None:
@@ -319,6 +320,11 @@ def validate_config(cfg: DictConfig) -> None:
     _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
     validate_trainer(cfg.trainer)
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
+    if cfg.trainer.parallelism.sequence_parallel:
+        _check(cfg.trainer.parallelism.tensor > 1, "trainer.parallelism.sequence_parallel", True,
+               "needs trainer.parallelism.tensor > 1 (it splits rows over the tensor-parallel ranks)")
+        _check(cfg.model.name in SEQUENCE_PARALLEL_MODELS, "trainer.parallelism.sequence_parallel", True,
+               f"is built for model.name in {list(SEQUENCE_PARALLEL_MODELS)}, got {cfg.model.name!r}")
     if cfg.model.gemm == "deterministic":
         par = cfg.trainer.parallelism
         _check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,

@@ -18,8 +18,10 @@ import functools
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from credit.kernels.gemm import det_linear
@@ -30,11 +32,16 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
+from credit.parallel.sequence import gather_rows, gather_rows_partial, own_rows
 
 
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over channels with CREDIT's parameter names and shapes, applied to a
-    channels-last tensor (..., C)."""
+    channels-last tensor (..., C).
+
+    `sequence_group`: the tp group when `x` holds this rank's rows only (sequence
+    parallelism): the affine gradients are then partial sums over rows, added across the
+    group in a fixed tree (deterministic mode: per sample, so the tree is one process's)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, deterministic: bool = False) -> None:
         super().__init__()
@@ -42,12 +49,14 @@ class ChannelLayerNorm(nn.Module):
         self.g = nn.Parameter(torch.ones(1, dim, 1, 1))
         self.b = nn.Parameter(torch.zeros(1, dim, 1, 1))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sequence_group: dist.ProcessGroup | None = None) -> torch.Tensor:
         c = x.shape[-1]
+        g, b = self.g.reshape(c), self.b.reshape(c)
         if self.deterministic:  # per-row normalisation, affine gradients by the row tree
-            return channel_affine(F.layer_norm(x, (c,), None, None, self.eps), self.g.reshape(c),
-                                  self.b.reshape(c))
-        return F.layer_norm(x, (c,), self.g.reshape(c), self.b.reshape(c), self.eps)
+            return channel_affine(F.layer_norm(x, (c,), None, None, self.eps), g, b, sequence_group)
+        if sequence_group is not None:
+            g, b = tree_all_reduce_grad(g, sequence_group), tree_all_reduce_grad(b, sequence_group)
+        return F.layer_norm(x, (c,), g, b, self.eps)
 
 
 class DynamicPositionBias(nn.Module):
@@ -86,11 +95,17 @@ class Attention(nn.Module):
     points H/window (and W/window) apart. A dynamic position bias is added to the scores.
     The head count is read from `to_q`'s local output width, so a tensor-parallel rank
     holding some of the heads runs just those.
+
+    Under sequence parallelism (`sequence_mesh` set by `credit.parallel.sequence`) `x` is
+    this rank's rows: a sharded block normalises them, gathers the grid once for its
+    heads' q/k/v and leaves `to_out` through a reduce-scatter of rows (its plan's rowwise
+    output is then `Shard(1)`); a block kept whole gathers, runs whole and keeps its rows.
     """
 
     # colwise: output features split by whole heads (q, k, v are separate Linears);
     # rowwise: input features split, partial outputs summed across tp ranks.
     _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
+    sequence_mesh: DeviceMesh | None = None
 
     def __init__(self, dim: int, attn_type: str, window_size: int, dim_head: int,
                  dropout: float, gemm: str = "fast") -> None:
@@ -136,10 +151,16 @@ class Attention(nn.Module):
             bias = tree_all_reduce_grad(bias, self.to_q.weight.device_mesh.get_group())
         return bias
 
-    def _forward_deterministic(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_deterministic(self, x: torch.Tensor, sequence_mesh: DeviceMesh | None = None) -> torch.Tensor:
         """Projections per sample before windowing (each sample's rows stay together for the
-        row tree), q/k/v input gradients added in order, the bias computed per sample."""
-        for_q, for_k, for_v = fan_out(self.norm(x), 3)
+        row tree), q/k/v input gradients added in order, the bias computed per sample.
+        `sequence_mesh`: `x` is this rank's rows; the q/k/v layers tree-sum their input
+        gradients across ranks, so the gather's backward just keeps this rank's rows."""
+        if sequence_mesh is not None:
+            x = gather_rows(self.norm(x, sequence_mesh.get_group()), sequence_mesh)
+        else:
+            x = self.norm(x)
+        for_q, for_k, for_v = fan_out(x, 3)
         q, k, v = (self._to_windows(proj(t)) for proj, t in
                    ((self.to_q, for_q), (self.to_k, for_k), (self.to_v, for_v)))
         batch = x.shape[0]
@@ -155,10 +176,28 @@ class Attention(nn.Module):
         return self.to_out(self._from_windows(attended, (*x.shape[:-1], q.shape[-1])))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mesh = self.sequence_mesh
+        if mesh is not None and not isinstance(self.to_q.weight, DTensor):  # kept whole on every tp rank
+            return own_rows(self._forward_whole(gather_rows(x, mesh)), mesh)
+        if mesh is None:
+            return self._forward_whole(x)
+        if self.indexed_dropout is not None:
+            return self._forward_deterministic(x, mesh)
+        full = gather_rows_partial(self.norm(x, mesh.get_group()), mesh)
+        q, k, v = self.to_q(full), self.to_k(full), self.to_v(full)  # this rank's heads, every row
+        grid = q.shape
+        attended = self._attend(self._to_windows(q), self._to_windows(k), self._to_windows(v))
+        return self.to_out(self._from_windows(attended, grid))  # reduce-scattered to this rank's rows
+
+    def _forward_whole(self, x: torch.Tensor) -> torch.Tensor:
         if self.indexed_dropout is not None:
             return self._forward_deterministic(x)
         windows = self._to_windows(self.norm(x))
-        q, k, v = self.to_q(windows), self.to_k(windows), self.to_v(windows)
+        merged = self._attend(self.to_q(windows), self.to_k(windows), self.to_v(windows))
+        return self._from_windows(self.to_out(merged), x.shape)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Windowed q, k, v (windows, length, heads · dim_head) to the heads' outputs, merged."""
         n, length, width = q.shape
         heads = width // self.dim_head
 
@@ -169,8 +208,7 @@ class Attention(nn.Module):
             split(q), split(k), split(v), attn_mask=self.position_bias(q.dtype),
             dropout_p=self.dropout if self.training else 0.0, scale=self.dim_head ** -0.5,
         )
-        merged = attended.transpose(1, 2).reshape(n, length, width)
-        return self._from_windows(self.to_out(merged), x.shape)
+        return attended.transpose(1, 2).reshape(n, length, width)
 
 
 class FeedForward(nn.Module):
@@ -178,6 +216,7 @@ class FeedForward(nn.Module):
 
     # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
     _tp_plan = {"layers.1": "colwise", "layers.4": "rowwise"}
+    sequence_mesh: DeviceMesh | None = None  # as Attention's
 
     def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0, gemm: str = "fast") -> None:
         super().__init__()
@@ -190,15 +229,29 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm, up, act, dropout, down = self.layers
+        mesh = self.sequence_mesh
+        if mesh is not None and not isinstance(up.weight, DTensor):  # kept whole on every tp rank
+            return own_rows(self._hidden_to_out(norm(gather_rows(x, mesh))), mesh)
+        if mesh is None:
+            return self._hidden_to_out(norm(x))
+        normed = norm(x, mesh.get_group())  # this rank's rows, gathered for the hidden columns
+        gathered = gather_rows(normed, mesh) if norm.deterministic else gather_rows_partial(normed, mesh)
+        return self._hidden_to_out(gathered)  # reduce-scattered to this rank's rows
+
+    def _hidden_to_out(self, normed: torch.Tensor) -> torch.Tensor:
+        _, up, act, dropout, down = self.layers
         if isinstance(dropout, IndexedDropout):  # masks indexed by global hidden column
             offset, width = shard_of(up.weight)
-            return down(dropout(act(up(norm(x))), col_offset=offset, global_cols=width))
-        return self.layers(x)
+            return down(dropout(act(up(normed)), col_offset=offset, global_cols=width))
+        return down(dropout(act(up(normed))))
 
 
 class Transformer(nn.Module):
     """`depth` rounds of short attention, feed-forward, long attention, feed-forward,
     each residual, on a (B, C, H, W) grid."""
+
+    sequence_mesh: DeviceMesh | None = None  # set by credit.parallel.sequence: x's rows split over it
+    _sequence_grid: tuple[int, int] | None = None  # the (H, W) this stage works on, set by the model
 
     def __init__(self, dim: int, *, local_window_size: int, global_window_size: int, depth: int,
                  dim_head: int, attn_dropout: float, ff_dropout: float, gemm: str = "fast") -> None:
@@ -214,7 +267,7 @@ class Transformer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return residual_rounds(x, self.layers)
+        return residual_rounds(x, self.layers, self.sequence_mesh)
 
 
 class CrossEmbedLayer(nn.Module):

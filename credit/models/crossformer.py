@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS, check_windows,
-                                         output_head, resize)
+                                         encoder_grids, output_head, resize)
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.dropout import IndexedDropout
 
@@ -64,10 +64,11 @@ class CreditSpec:
                              f"(B, C, T, H, W), got {tuple(x.shape)}")
 
 
-def build_encoder(spec: CreditSpec, in_channels: int, gemm: str = "fast") -> nn.ModuleList:
-    """`layers`: four (CrossEmbedLayer, Transformer) pairs."""
+def build_encoder(spec: CreditSpec, in_channels: int, gemm: str, grid: tuple[int, int]) -> nn.ModuleList:
+    """`layers`: four (CrossEmbedLayer, Transformer) pairs for an input `grid` (after any
+    padding); each transformer knows its stage's grid (sequence parallelism splits its rows)."""
     dims = (in_channels, *spec.dim)
-    return nn.ModuleList(
+    layers = nn.ModuleList(
         nn.ModuleList([
             CrossEmbedLayer(dims[i], dims[i + 1], spec.cross_embed_kernel_sizes[i], spec.cross_embed_strides[i],
                             gemm),
@@ -78,6 +79,9 @@ def build_encoder(spec: CreditSpec, in_channels: int, gemm: str = "fast") -> nn.
         ])
         for i in range(4)
     )
+    for (_, transformer), stage_grid in zip(layers, encoder_grids(grid, spec.cross_embed_strides)):
+        transformer._sequence_grid = stage_grid
+    return layers
 
 
 def number_dropouts(model: nn.Module) -> None:
@@ -116,7 +120,7 @@ class CrossFormer(nn.Module):
             padding.check(spec.grid)
         check_windows(padded, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
                       "the padded grid" if padding else "the grid")
-        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm)
+        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm, padded)
         last = spec.dim[-1]
         self.up_block1 = UpBlockPS(last, last // 2, spec.dim[0], gemm=gemm)
         self.up_block2 = UpBlockPS(last, last // 4, spec.dim[0], gemm=gemm)

@@ -11,11 +11,14 @@ convolutions (oneDNN) and norm backward kernels pick their reduction order by sh
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from credit.kernels.gemm._dtensor import tree_all_reduce
 from credit.kernels.gemm._ops import linear_local, row_sum
+from credit.kernels.gemm._tree import tree_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models import det_conv
 
@@ -73,9 +76,9 @@ class _ChannelAffine(torch.autograd.Function):
     """`x * weight + bias` over the last dim; weight/bias gradients by the row tree."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, groups):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, groups, sequence_group):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
-        ctx.groups, ctx.has_bias = groups, bias is not None
+        ctx.groups, ctx.has_bias, ctx.sequence_group = groups, bias is not None, sequence_group
         y = x * weight if weight is not None else x
         return y + bias if bias is not None else y
 
@@ -84,19 +87,43 @@ class _ChannelAffine(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         x, weight = ctx.saved_tensors
         backend = resolve(_BACKEND, grad.device)
-        rows = grad.reshape(-1, grad.shape[-1])
         gx = grad * weight if weight is not None else grad
-        gw = gb = None
-        if weight is not None and ctx.needs_input_grad[1]:
-            gw = row_sum(rows * x.reshape(rows.shape), ctx.groups, backend, weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = row_sum(rows, ctx.groups, backend, rows.dtype)
-        return gx, gw, gb, None
+        want_w = weight is not None and ctx.needs_input_grad[1]
+        want_b = ctx.has_bias and ctx.needs_input_grad[2]
+        if ctx.sequence_group is not None:
+            gw, gb = _sequence_sums(grad, x, want_w, want_b, ctx.sequence_group, backend)
+            return gx, gw, gb, None, None
+        rows = grad.reshape(-1, grad.shape[-1])
+        gw = row_sum(rows * x.reshape(rows.shape), ctx.groups, backend, weight.dtype) if want_w else None
+        gb = row_sum(rows, ctx.groups, backend, rows.dtype) if want_b else None
+        return gx, gw, gb, None, None
 
 
-def channel_affine(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """Per-channel affine on channels-last `x (B, ..., C)`; rows grouped by sample."""
-    return _ChannelAffine.apply(x, weight, bias, x.shape[0])
+def _sequence_sums(grad: torch.Tensor, x: torch.Tensor, want_w: bool, want_b: bool,
+                   group: dist.ProcessGroup, backend: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Affine gradients when each rank holds some rows of every sample: per sample, this
+    rank's row tree, then the ranks' trees added in rank order, then the samples' sums by the
+    tree: one process's row tree when each rank's rows of a sample are whole leaves and the
+    rank and sample counts are powers of two."""
+    per_sample = []
+    for g, xs in zip(grad.unbind(0), x.unbind(0)):
+        rows = g.reshape(-1, g.shape[-1])
+        parts = ([row_sum(rows * xs.reshape(rows.shape), 1, backend, rows.dtype)] if want_w else []) + \
+                ([row_sum(rows, 1, backend, rows.dtype)] if want_b else [])
+        per_sample.append(torch.stack(parts))
+    summed = tree_sum(list(tree_all_reduce(torch.stack(per_sample), group).unbind(0)))
+    gw = summed[0] if want_w else None
+    gb = summed[-1] if want_b else None
+    return gw, gb
+
+
+def channel_affine(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   sequence_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Per-channel affine on channels-last `x (B, ..., C)`; rows grouped by sample.
+
+    `sequence_group`: `x` holds this rank's rows of each sample (sequence parallelism); the
+    affine gradients are summed over the group (`_sequence_sums`)."""
+    return _ChannelAffine.apply(x, weight, bias, x.shape[0], sequence_group)
 
 
 class DetLayerNorm(nn.LayerNorm):

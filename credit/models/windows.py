@@ -9,8 +9,10 @@ H/size (and W/size) apart. Windows come out sample-major, as (B · windows, size
 from __future__ import annotations
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from credit.config.validate import heads_split_error
+from credit.parallel.sequence import gather_rows, own_rows
 
 
 def to_windows(x: torch.Tensor, size: int, dilated: bool) -> torch.Tensor:
@@ -38,12 +40,19 @@ def check_head_split(heads: int, dim_head: int, tp_size: int) -> None:
                          f"cannot be split over trainer.parallelism.tensor={tp_size}: {problem}")
 
 
-def residual_rounds(x: torch.Tensor, rounds) -> torch.Tensor:
-    """x (B, C, H, W) through every layer of every round, each residual, channels-last inside."""
+def residual_rounds(x: torch.Tensor, rounds, sequence_mesh: DeviceMesh | None = None) -> torch.Tensor:
+    """x (B, C, H, W) through every layer of every round, each residual, channels-last inside.
+
+    `sequence_mesh`: the residual stream inside holds this rank's rows only (sequence
+    parallelism), gathered whole again on the way out."""
     x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
+    if sequence_mesh is not None:
+        x = own_rows(x, sequence_mesh)
     for block in rounds:
         for layer in block:
             x = x + layer(x)
+    if sequence_mesh is not None:
+        x = gather_rows(x, sequence_mesh)
     # a fresh tensor, not a view (the permute back is often already contiguous): an in-place op
     # on a wrapped block's output view would bypass FSDP2's pre-backward hook
     return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)

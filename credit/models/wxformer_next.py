@@ -155,7 +155,7 @@ class WXFormerNext(nn.Module):
         self.spec, self.deterministic = spec, gemm == "deterministic"
         self.level_embedding = LevelEmbedding(spec.channels, spec.levels, gemm == "deterministic")
         self.col_attn = ColumnAttention(spec.channels, spec.levels, col_attn_heads, col_attn_stride, gemm)
-        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm)
+        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm, spec.grid)
         bottom = encoder_grids(spec.grid, spec.cross_embed_strides)[-1]
         last = spec.dim[-1]
         self.spectral_bottleneck = SpectralGNNBottleneck(last, bottom[0] * bottom[1], num_spectral_nodes,

@@ -12,10 +12,12 @@ import logging
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from credit.config.validate import deterministic_split_error
 from credit.kernels.gemm._tree import LEAF
+from credit.parallel.sequence import ROW_DIM
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,20 @@ def _check_block(name: str, block: nn.Module, tp_size: int) -> None:
         constraints(block, tp_size)
 
 
-def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral_norm: str = "shard") -> int:
+def _in_stage(name: str, stages: tuple[str, ...] | list[str]) -> bool:
+    return any(name == stage or name.startswith(stage + ".") for stage in stages)
+
+
+def _style(style: str, sequence: bool):
+    # under sequence parallelism a rowwise layer reduce-scatters its partial sums to this
+    # rank's rows instead of all-reducing them; a colwise layer's input is gathered by its block
+    if style == "rowwise" and sequence:
+        return RowwiseParallel(output_layouts=Shard(ROW_DIM))
+    return _STYLES[style]()
+
+
+def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral_norm: str = "shard",
+                                 sequence_stages: tuple[str, ...] | list[str] = ()) -> int:
     """Shard every opted-in block over `tp_mesh`; return how many blocks were sharded.
 
     Planned Linear weights become DTensors (colwise: Shard(0) of the weight, output sharded
@@ -100,7 +115,8 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
     deterministic layers whose split would give a rank a part of a width that is not whole
     GEMM leaves stays replicated too, so it computes exactly what one process computes.
     Raises ValueError when a plan is invalid, or when nothing can be sharded at tp > 1 for
-    any reason but `spectral_norm="replicate"`.
+    any reason but `spectral_norm="replicate"`. Blocks under `sequence_stages` (module names
+    chosen by `credit.parallel.sequence.apply_sequence_parallel`) get row-sharded rowwise outputs.
     """
     tp_size = tp_mesh.size()
     blocks = planned_blocks(model)
@@ -123,7 +139,8 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, spectral
             unaligned.append(problem)
             continue
         _check_block(name, block, tp_size)
-        plan = {path: _STYLES[style]() for path, style in block._tp_plan.items()}
+        sequence = _in_stage(name, sequence_stages)
+        plan = {path: _style(style, sequence) for path, style in block._tp_plan.items()}
         for parallel_style in plan.values():
             # every rank holds the same full weights (seeding stage 1, or the same checkpoint),
             # so each takes its own shard: no scatter from rank 0 per weight (~2.5 s of a

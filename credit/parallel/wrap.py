@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from credit.parallel.mesh import all_ranks_mesh
+from credit.parallel.sequence import apply_sequence_parallel
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
 from credit.parallel.tree_reduce import TreeReduceScatter
 
@@ -82,6 +83,7 @@ def parallelize_model(
     shard_granularity: str = "block",
     deterministic: bool = False,
     spectral_norm_tp: str = "shard",
+    sequence_parallel: bool = False,
 ) -> nn.Module:
     """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
 
@@ -95,12 +97,15 @@ def parallelize_model(
     unit a reduce-scatter that adds ranks in a fixed tree and does not average, and with
     ddp leaves the replicas unwrapped for the trainer's tree all-reduce
     (`credit.parallel.tree_reduce`). `spectral_norm_tp` ("shard" or "replicate",
-    `model.spectral_norm_tp`): see `apply_native_tensor_parallel`. All are validated values (`credit.config.validate`
+    `model.spectral_norm_tp`): see `apply_native_tensor_parallel`. `sequence_parallel` (tp > 1)
+    splits the rows of the transformer stages over `mesh["tp"]` (`credit.parallel.sequence`),
+    before tensor parallelism plans their layers. All are validated values (`credit.config.validate`
     holds those rules). Returns the model (modified in place).
     """
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     if tp_mesh.size() > 1:
-        apply_native_tensor_parallel(model, tp_mesh, spectral_norm_tp)
+        stages = apply_sequence_parallel(model, tp_mesh, deterministic) if sequence_parallel else []
+        apply_native_tensor_parallel(model, tp_mesh, spectral_norm_tp, stages)
 
     units = shard_units(model)
     if activation_checkpointing:

@@ -26,7 +26,7 @@ def build_forecast_model(cfg: DictConfig, dataset: ERA5Dataset, runtime: Runtime
     if runtime.mesh is not None:
         par = cfg.trainer.parallelism
         parallelize_model(model, runtime.mesh, par.data, mixed_precision=par.mixed_precision,
-                          spectral_norm_tp=cfg.model.spectral_norm_tp)
+                          spectral_norm_tp=cfg.model.spectral_norm_tp, sequence_parallel=par.sequence_parallel)
     return model
 
 

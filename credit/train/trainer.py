@@ -142,6 +142,7 @@ class Trainer:
                 shard_granularity=par.shard_granularity,
                 deterministic=self.deterministic,
                 spectral_norm_tp=cfg.model.spectral_norm_tp,
+                sequence_parallel=par.sequence_parallel,
             )
         if self.sdc is not None:
             self.sdc.attach(self.model)

@@ -1,0 +1,126 @@
+"""Sequence parallelism on CREDIT's models, on real gloo ranks.
+
+Each rank builds the one-process model and the same model with tensor and sequence
+parallelism (`parallelize_model(..., sequence_parallel=True)`), runs one training step on the
+same batch of two samples (spectral norm on) and compares the loss, the output
+and every parameter's gradient with one process's:
+- `model.gemm=deterministic`, indexed dropout on: bit for bit, at tp = 2 and tp = 4 (each rank's rows of a stage
+  are whole 32-row leaves where the stage shards; the other stages run plain tensor parallel);
+- fast mode, dropout off (it draws from torch's generator): within float rounding, at tp = 2 and at dp2 x tp2 under FSDP2 with activation
+  checkpointing.
+Each also records the rows the attention and feed-forward blocks of stage 0 were given, to
+show the residual stream really is split.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from launcher import run_ranks
+from tp_step import full, step_with_dropout
+from torch.distributed.tensor import DTensor
+
+from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
+
+COMMON = dict(image_height=16, image_width=32, frames=1, channels=2, levels=2, surface_channels=1,
+              input_only_channels=2, output_only_channels=1, depth=[1, 1, 1, 1],
+              dim_head=32, local_window_size=[2, 2, 2, 1], global_window_size=[2, 2, 1, 1],
+              cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
+              attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
+MODELS = {
+    "crossformer": dict(type="crossformer",
+                        padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
+    "wxformer_next": dict(type="wxformer_next", col_attn_heads=2, num_spectral_nodes=8),
+}
+WIDTHS = {2: [64, 128, 256, 512], 4: [128, 256, 512, 1024]}  # whole heads and 32-wide parts per rank
+
+
+def _batch(n: int) -> torch.Tensor:
+    i = torch.arange(n * 7 * 16 * 32, dtype=torch.float64)
+    return torch.sin(i * 0.37).view(n, 7, 1, 16, 32).float()
+
+
+def _rows_seen(model: torch.nn.Module) -> list[int]:
+    """Rows (dim 1 of the channels-last grid) each block of stage 0 is called with."""
+    seen: list[int] = []
+    for block in model.layers[0][1].layers[0]:
+        block.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    return seen
+
+
+def _compare(name: str, gemm: str, dp: int, tp: int, **options) -> dict:
+    torch.manual_seed(0)
+    dropout = 0.1 if gemm == "deterministic" else 0.0  # fast mode's dropout draws from torch's generator
+    kind, values = resolve_credit_model({**COMMON, "dim": WIDTHS[tp], "attn_dropout": dropout,
+                                         "ff_dropout": dropout, **MODELS[name]})
+    model = build_credit_model(kind, values, gemm).train()
+    serial = copy.deepcopy(model)
+    ref_loss, ref_y = step_with_dropout(serial, _batch(2))
+    data = "fsdp2" if dp > 1 else "none"
+    mesh = build_device_mesh(resolve_layout(dp * tp, data, tp), "cpu")
+    parallelize_model(model, mesh, data, deterministic=gemm == "deterministic", sequence_parallel=True,
+                      **options)
+    rows = _rows_seen(model)
+    dp_rank = mesh["dp"].get_local_rank()
+    per_replica = 2 // dp
+    loss, y = step_with_dropout(model, _batch(2)[dp_rank * per_replica:(dp_rank + 1) * per_replica])
+    reference = dict(serial.named_parameters())
+    grads = {n: full(p.grad) for n, p in model.named_parameters()}
+    if dp > 1:  # each replica's loss covers its samples: the serial gradient is the replicas' mean
+        ref_loss = torch.stack([(ref_y[i * per_replica:(i + 1) * per_replica]).square().mean()
+                                for i in range(dp)])[dp_rank]
+        ref_y = ref_y[dp_rank * per_replica:(dp_rank + 1) * per_replica]
+    return dict(loss=(loss, ref_loss), output=(full(y), ref_y), rows=rows,
+                grads={n: (g, reference[n].grad) for n, g in grads.items()},
+                sharded=[n for n, p in model.named_parameters() if isinstance(p, DTensor)])
+
+
+def deterministic_case(tp: int) -> dict[str, list[str]]:
+    out = {}
+    for name in MODELS:
+        r = _compare(name, "deterministic", 1, tp)
+        wrong = [] if torch.equal(*r["loss"]) else [f"loss {r['loss'][0].item()!r} vs {r['loss'][1].item()!r}"]
+        wrong += [] if torch.equal(*r["output"]) else ["output"]
+        wrong += [f"grad {n}" for n, (g, ref) in r["grads"].items() if not torch.equal(g, ref)]
+        out[name] = dict(wrong=wrong, rows=r["rows"], sharded=len(r["sharded"]))
+    return out
+
+
+def fast_case(dp: int, tp: int, checkpointing: bool = False) -> dict[str, dict]:
+    out = {}
+    for name in MODELS:
+        r = _compare(name, "fast", dp, tp, activation_checkpointing=checkpointing)
+        wrong = [] if torch.allclose(*r["loss"], rtol=1e-5) else ["loss"]
+        wrong += [] if torch.allclose(*r["output"], rtol=1e-4, atol=1e-5) else ["output"]
+        for n, (g, ref) in r["grads"].items():
+            if not torch.allclose(g, ref, rtol=1e-3, atol=1e-5 * ref.abs().max().item() + 1e-8):
+                wrong.append(f"grad {n}: max diff {(g - ref).abs().max().item():.3g}")
+        out[name] = dict(wrong=wrong, rows=r["rows"], sharded=len(r["sharded"]))
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_deterministic_sequence_parallel_is_bitwise_one_process(tp):
+    results = run_ranks(deterministic_case, tp, tp)
+    for name in MODELS:
+        per_rank = [r[name] for r in results]
+        assert [r["wrong"] for r in per_rank] == [[]] * tp, per_rank[0]["wrong"][:8]
+        assert all(r["sharded"] > 0 for r in per_rank)
+        # stage 0 is 16 rows (crossformer: the 32-row padded grid) or 8 (wxformer_next): split
+        whole = 16 if name == "crossformer" else 8
+        assert set(per_rank[0]["rows"]) == {whole // tp}, per_rank[0]["rows"]
+
+
+def test_fast_sequence_parallel_matches_one_process():
+    results = run_ranks(fast_case, 2, 1, 2)
+    for name in MODELS:
+        assert [r[name]["wrong"] for r in results] == [[], []], results[0][name]["wrong"][:8]
+        assert set(results[0][name]["rows"]) == {(16 if name == "crossformer" else 8) // 2}
+
+
+def test_fast_sequence_parallel_with_fsdp2_and_checkpointing():
+    results = run_ranks(fast_case, 4, 2, 2, True)
+    for name in MODELS:
+        assert [r[name]["wrong"] for r in results] == [[]] * 4, results[0][name]["wrong"][:8]
