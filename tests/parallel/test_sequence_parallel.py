@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 from launcher import run_ranks
 from tp_step import full, step_with_dropout
 from torch.distributed.tensor import DTensor
