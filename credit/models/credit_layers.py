@@ -14,6 +14,7 @@ channels-last once and back once, so the channel LayerNorm (`norm.g`, `norm.b`, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -32,7 +33,7 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
-from credit.parallel.sequence import gather_rows, gather_rows_partial, own_rows
+from credit.parallel.sequence import gather_rows, gather_rows_partial, own_rows, saving_rows_only
 
 
 class ChannelLayerNorm(nn.Module):
@@ -106,6 +107,7 @@ class Attention(nn.Module):
     # rowwise: input features split, partial outputs summed across tp ranks.
     _tp_plan = {"to_q": "colwise", "to_k": "colwise", "to_v": "colwise", "to_out": "rowwise"}
     sequence_mesh: DeviceMesh | None = None
+    sequence_regather = False  # keep only this rank's rows of the gathered input for backward
 
     def __init__(self, dim: int, attn_type: str, window_size: int, dim_head: int,
                  dropout: float, gemm: str = "fast") -> None:
@@ -156,13 +158,12 @@ class Attention(nn.Module):
         row tree), q/k/v input gradients added in order, the bias computed per sample.
         `sequence_mesh`: `x` is this rank's rows; the q/k/v layers tree-sum their input
         gradients across ranks, so the gather's backward just keeps this rank's rows."""
-        if sequence_mesh is not None:
-            x = gather_rows(self.norm(x, sequence_mesh.get_group()), sequence_mesh)
-        else:
-            x = self.norm(x)
-        for_q, for_k, for_v = fan_out(x, 3)
-        q, k, v = (self._to_windows(proj(t)) for proj, t in
-                   ((self.to_q, for_q), (self.to_k, for_k), (self.to_v, for_v)))
+        rows = self.norm(x, sequence_mesh.get_group()) if sequence_mesh is not None else self.norm(x)
+        x = gather_rows(rows, sequence_mesh) if sequence_mesh is not None else rows
+        with self._saving_rows(rows, x):
+            for_q, for_k, for_v = fan_out(x, 3)
+            q, k, v = (self._to_windows(proj(t)) for proj, t in
+                       ((self.to_q, for_q), (self.to_k, for_k), (self.to_v, for_v)))
         batch = x.shape[0]
         table = self.dpb(self.rel_offsets.to(q.dtype).expand(batch, -1, -1).contiguous())
         weight = self.to_q.weight
@@ -183,11 +184,18 @@ class Attention(nn.Module):
             return self._forward_whole(x)
         if self.indexed_dropout is not None:
             return self._forward_deterministic(x, mesh)
-        full = gather_rows_partial(self.norm(x, mesh.get_group()), mesh)
-        q, k, v = self.to_q(full), self.to_k(full), self.to_v(full)  # this rank's heads, every row
+        rows = self.norm(x, mesh.get_group())
+        full = gather_rows_partial(rows, mesh)
+        with self._saving_rows(rows, full):
+            q, k, v = self.to_q(full), self.to_k(full), self.to_v(full)  # this rank's heads, every row
         grid = q.shape
         attended = self._attend(self._to_windows(q), self._to_windows(k), self._to_windows(v))
         return self.to_out(self._from_windows(attended, grid))  # reduce-scattered to this rank's rows
+
+    def _saving_rows(self, rows: torch.Tensor, full: torch.Tensor):
+        if self.sequence_mesh is not None and self.sequence_regather and rows is not full:
+            return saving_rows_only(rows, full, self.sequence_mesh)
+        return contextlib.nullcontext()
 
     def _forward_whole(self, x: torch.Tensor) -> torch.Tensor:
         if self.indexed_dropout is not None:
@@ -217,6 +225,7 @@ class FeedForward(nn.Module):
     # colwise: hidden features split across tp ranks; rowwise: partial outputs summed.
     _tp_plan = {"layers.1": "colwise", "layers.4": "rowwise"}
     sequence_mesh: DeviceMesh | None = None  # as Attention's
+    sequence_regather = False
 
     def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0, gemm: str = "fast") -> None:
         super().__init__()
@@ -236,14 +245,19 @@ class FeedForward(nn.Module):
             return self._hidden_to_out(norm(x))
         normed = norm(x, mesh.get_group())  # this rank's rows, gathered for the hidden columns
         gathered = gather_rows(normed, mesh) if norm.deterministic else gather_rows_partial(normed, mesh)
-        return self._hidden_to_out(gathered)  # reduce-scattered to this rank's rows
+        if not self.sequence_regather:
+            return self._hidden_to_out(gathered)  # reduce-scattered to this rank's rows
+        with saving_rows_only(normed, gathered, mesh):
+            hidden = up(gathered)
+        return self._hidden_to_out(hidden, up_done=True)
 
-    def _hidden_to_out(self, normed: torch.Tensor) -> torch.Tensor:
+    def _hidden_to_out(self, normed: torch.Tensor, up_done: bool = False) -> torch.Tensor:
         _, up, act, dropout, down = self.layers
+        hidden = normed if up_done else up(normed)
         if isinstance(dropout, IndexedDropout):  # masks indexed by global hidden column
             offset, width = shard_of(up.weight)
-            return down(dropout(act(up(normed)), col_offset=offset, global_cols=width))
-        return down(dropout(act(up(normed))))
+            return down(dropout(act(hidden), col_offset=offset, global_cols=width))
+        return down(dropout(act(hidden)))
 
 
 class Transformer(nn.Module):

@@ -23,7 +23,9 @@ torch's DTensor matmul (a Partial gradient) a reduce-scatter, and only the first
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -94,6 +96,49 @@ def gather_rows_partial(x: torch.Tensor, mesh: DeviceMesh, dim: int = ROW_DIM) -
     return sharded.redistribute(mesh, [Replicate()])
 
 
+@contextlib.contextmanager
+def saving_rows_only(local: torch.Tensor, full: torch.Tensor, mesh: DeviceMesh,
+                     dim: int = ROW_DIM) -> Iterator[None]:
+    """Inside, a tensor saved for backward that is a view of `full` (the gather of `local`
+    along `dim`) is kept as `local` and gathered again when the backward first needs it,
+    shared by every layer that saved it: a block's column-parallel layers then keep 1/tp of
+    their input between forward and backward instead of all of it, for one more all-gather.
+    Not for use under activation checkpointing, which recomputes the gather anyway."""
+    gathered = full._local_tensor if isinstance(full, DTensor) else full
+    storage = gathered.untyped_storage().data_ptr()
+    rows, group, regathered = local.detach(), mesh.get_group(), {}
+
+    def pack(t: torch.Tensor) -> object:
+        base = t._local_tensor if isinstance(t, DTensor) else t
+        if base.untyped_storage().data_ptr() != storage:
+            return t
+        layout = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None
+        return _Regather(base.shape, base.stride(), base.storage_offset(), layout)
+
+    def unpack(saved: object) -> torch.Tensor:
+        if not isinstance(saved, _Regather):
+            return saved
+        if "full" not in regathered:
+            regathered["full"] = _gather(rows, group, dim)
+        view = regathered["full"].as_strided(saved.shape, saved.stride, saved.offset)
+        if saved.layout is None:
+            return view
+        device_mesh, placements, shape, stride = saved.layout
+        return DTensor.from_local(view, device_mesh, placements, run_check=False, shape=shape, stride=stride)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+class _Regather:
+    """What `saving_rows_only` keeps of a saved view of the gathered tensor: where it lies."""
+
+    __slots__ = ("shape", "stride", "offset", "layout")
+
+    def __init__(self, shape, stride, offset, layout) -> None:
+        self.shape, self.stride, self.offset, self.layout = shape, stride, offset, layout
+
+
 def stage_fits(grid: tuple[int, int], tp: int, deterministic: bool) -> str | None:
     """Why a stage of `grid` cannot run sequence-parallel over `tp` ranks (None: it can)."""
     rows, cols = grid
@@ -105,9 +150,12 @@ def stage_fits(grid: tuple[int, int], tp: int, deterministic: bool) -> str | Non
     return None
 
 
-def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic: bool) -> list[str]:
+def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic: bool,
+                            activation_checkpointing: bool = False) -> list[str]:
     """Choose the stages that run sequence-parallel and mark their modules; return their
     names (the parallelizer gives the row-parallel layers under them row-sharded outputs).
+    Without activation checkpointing the blocks keep only their rows of a gathered input for
+    backward (`saving_rows_only`); with it the whole unit is recomputed instead.
 
     Raises ValueError when the model declares no stage (nothing to shard)."""
     tp = tp_mesh.size()
@@ -124,6 +172,7 @@ def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic
         for module in stage.modules():
             if hasattr(module, "sequence_mesh"):
                 module.sequence_mesh = tp_mesh
+                module.sequence_regather = not activation_checkpointing
         chosen.append(name)
     log.info("sequence parallel (tp=%d): %d of %d stages shard their rows%s", tp, len(chosen), len(stages),
              f"; plain tensor parallel in {', '.join(skipped)}" if skipped else "")

@@ -104,7 +104,8 @@ def parallelize_model(
     """
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     if tp_mesh.size() > 1:
-        stages = apply_sequence_parallel(model, tp_mesh, deterministic) if sequence_parallel else []
+        stages = (apply_sequence_parallel(model, tp_mesh, deterministic, activation_checkpointing)
+                  if sequence_parallel else [])
         apply_native_tensor_parallel(model, tp_mesh, spectral_norm_tp, stages)
 
     units = shard_units(model)
