@@ -33,7 +33,8 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
-from credit.parallel.sequence import gather_rows, gather_rows_partial, own_rows, saving_rows_only
+from credit.parallel.sequence import (all_reduce_sum, gather_rows, gather_rows_partial, grads_summed_over_rows,
+                                      halo_rows, own_rows, saving_rows_only)
 
 
 class ChannelLayerNorm(nn.Module):
@@ -265,6 +266,7 @@ class Transformer(nn.Module):
     each residual, on a (B, C, H, W) grid."""
 
     sequence_mesh: DeviceMesh | None = None  # set by credit.parallel.sequence: x's rows split over it
+    sequence_rows_through = False  # the whole model runs on rows: x comes in and leaves as rows
     _sequence_grid: tuple[int, int] | None = None  # the (H, W) this stage works on, set by the model
 
     def __init__(self, dim: int, *, local_window_size: int, global_window_size: int, depth: int,
@@ -281,12 +283,14 @@ class Transformer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return residual_rounds(x, self.layers, self.sequence_mesh)
+        return residual_rounds(x, self.layers, self.sequence_mesh, self.sequence_rows_through)
 
 
 class CrossEmbedLayer(nn.Module):
     """Strided convolutions of several kernel sizes, concatenated along channels; each
     branch is CREDIT's (ZeroPad2d, Conv2d) pair, padded so all land on the same grid."""
+
+    sequence_mesh: DeviceMesh | None = None  # the whole model on rows: x is this rank's rows
 
     def __init__(self, dim_in: int, dim_out: int, kernel_sizes: tuple[int, ...], stride: int,
                  gemm: str = "fast") -> None:
@@ -306,8 +310,20 @@ class CrossEmbedLayer(nn.Module):
             ))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_mesh is not None:
+            return torch.cat([self._branch_on_rows(pad, conv, x) for pad, conv in self.convs], dim=1)
         inputs = fan_out(x, len(self.convs)) if self.ordered_fan_out else [x] * len(self.convs)
         return torch.cat([conv(xi) for conv, xi in zip(self.convs, inputs)], dim=1)
+
+    def halo(self) -> int:
+        """The most rows a branch reaches into a neighbouring rank's rows."""
+        return max(max(pad.padding[2:]) for pad, _ in self.convs)
+
+    def _branch_on_rows(self, pad: nn.ZeroPad2d, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        left, right, top, bottom = pad.padding  # rows from the neighbours, zeros along W
+        mesh = self.sequence_mesh
+        with grads_summed_over_rows(conv, mesh):
+            return conv(F.pad(halo_rows(x, top, bottom, mesh), (left, right, 0, 0)))
 
 
 def icnr_(weight: torch.Tensor, scale: int) -> None:
@@ -322,6 +338,8 @@ def icnr_(weight: torch.Tensor, scale: int) -> None:
 class UpBlockPS(nn.Module):
     """Sub-pixel upsampling (3x3 convolution, pixel shuffle), a sharpening residual, then a
     residual stack of (3x3 convolution, GroupNorm, SiLU) pairs."""
+
+    sequence_mesh: DeviceMesh | None = None  # the whole model on rows: x is this rank's rows
 
     def __init__(self, in_ch: int, out_ch: int, num_groups: int, scale: int = 2,
                  num_residuals: int = 2, gemm: str = "fast") -> None:
@@ -340,20 +358,73 @@ class UpBlockPS(nn.Module):
         self.b = nn.Sequential(*stack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ps(self.conv(x))
-        x = x + self.sharp(x)
-        return self.b(x) + x
+        mesh = self.sequence_mesh
+        if mesh is None:
+            x = self.ps(self.conv(x))
+            x = x + self.sharp(x)
+            return self.b(x) + x
+        x = self.ps(conv_on_rows(self.conv, x, mesh))  # a row's sub-pixels stay on its rank
+        x = x + conv_on_rows(self.sharp, x, mesh)
+        y = x
+        for layer in self.b:
+            if isinstance(layer, nn.GroupNorm):
+                y = group_norm_on_rows(layer, y, mesh)
+            elif isinstance(layer, nn.Conv2d):
+                y = conv_on_rows(layer, y, mesh)
+            else:
+                y = layer(y)
+        return y + x
 
 
-def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2, gemm: str = "fast") -> nn.Sequential:
+def conv_on_rows(conv: nn.Conv2d, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """A stride-1 'same' convolution of this rank's rows: the rows its padding reaches from
+    the neighbours, the layer itself (its own zero padding then only adds rows it drops),
+    its weight gradient summed over the ranks."""
+    reach = conv.padding[0]
+    if conv.stride != (1, 1) or conv.kernel_size[0] != 2 * reach + 1:
+        raise ValueError(f"conv_on_rows needs a stride-1 convolution padded to its size, got {conv}")
+    with grads_summed_over_rows(conv, mesh):
+        y = conv(halo_rows(x, reach, reach, mesh))
+    return y[:, :, reach:y.shape[2] - reach] if reach else y
+
+
+def group_norm_on_rows(norm: nn.GroupNorm, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """GroupNorm of an NCHW tensor whose rows are split over the tp ranks: each group's mean
+    and variance summed over every rank's rows (two passes, as torch's), the affine local."""
+    b, c, h, w = x.shape
+    grouped = x.reshape(b, norm.num_groups, -1)
+    count = grouped.shape[-1] * mesh.size()
+    mean = all_reduce_sum(grouped.sum(-1, keepdim=True), mesh) / count
+    centered = grouped - mean
+    var = all_reduce_sum(centered.square().sum(-1, keepdim=True), mesh) / count
+    normed = (centered * torch.rsqrt(var + norm.eps)).reshape(b, c, h, w)
+    if not norm.affine:
+        return normed
+    with grads_summed_over_rows(norm, mesh):
+        return normed * norm.weight[None, :, None, None] + norm.bias[None, :, None, None]
+
+
+class OutputHead(nn.Sequential):
     """CREDIT's last up block: a sub-pixel convolution to the output channels, pixel
     shuffle, and a 3x3 convolution (`up_block4.0`, `up_block4.2`)."""
+
+    sequence_mesh: DeviceMesh | None = None  # the whole model on rows: x is this rank's rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_mesh is None:
+            return super().forward(x)
+        first, shuffle, last = self
+        return conv_on_rows(last, shuffle(conv_on_rows(first, x, self.sequence_mesh)), self.sequence_mesh)
+
+
+def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2, gemm: str = "fast") -> OutputHead:
+    """The `OutputHead` from `in_ch` channels, ICNR-initialised when `icnr`."""
     conv = layer_kit(gemm).conv
     first = conv(in_ch, out_ch * scale ** 2, 3, padding=1)
     if icnr:
         icnr_(first.weight, scale)
         nn.init.zeros_(first.bias)
-    return nn.Sequential(first, nn.PixelShuffle(scale), conv(out_ch, out_ch, 3, padding=1))
+    return OutputHead(first, nn.PixelShuffle(scale), conv(out_ch, out_ch, 3, padding=1))
 
 
 def resize(x: torch.Tensor, size: tuple[int, int], deterministic: bool = False) -> torch.Tensor:

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS, check_windows,
                                          encoder_grids, output_head, resize)
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.dropout import IndexedDropout
+from credit.parallel.sequence import gather_rows, own_rows
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class CrossFormer(nn.Module):
     input_layout = "credit"  # (B, C, T, H, W) in, (B, C_out, 1, H, W) out
     # the units data parallelism wraps one by one: each stage's cross-embedding and transformer, each up block
     _shard_units = ("layers.0", "layers.1", "layers.2", "layers.3", "up_block1", "up_block2", "up_block3", "up_block4")
+    # set by credit.parallel.sequence when the whole model runs on rows (sequence_rows_fit)
+    sequence_mesh: DeviceMesh | None = None
 
     def __init__(self, spec: CreditSpec, *, interp: bool = True,
                  padding: BoundaryPadding | None = None, gemm: str = "fast") -> None:
@@ -128,12 +132,27 @@ class CrossFormer(nn.Module):
         self.up_block4 = output_head(last // 4, spec.output_channels, icnr=True, gemm=gemm)
         number_dropouts(self)
 
+    def sequence_rows_fit(self, tp: int) -> str | None:
+        """Why the whole model cannot run on rows split over `tp` ranks (None: it can): every
+        stage's rows must split evenly, and each rank must hold the rows a cross-embedding
+        reaches into its neighbours."""
+        height = self.padding.padded(self.spec.grid)[0] if self.padding else self.spec.grid[0]
+        rows = height
+        for stage, ((embed, _), stride) in enumerate(zip(self.layers, self.spec.cross_embed_strides)):
+            if rows % tp or rows // tp < embed.halo():
+                return f"stage {stage}'s cross-embedding input has {rows} rows ({rows / tp:g} per rank)"
+            rows //= stride
+        return None if rows % tp == 0 else f"the last stage has {rows} rows"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
         spec.check_input(x, "crossformer")
         if self.padding:
             x = self.padding.pad(x)
         x = x.flatten(1, 2)  # channel-major, time-minor
+        mesh = self.sequence_mesh
+        if mesh is not None:  # every layer below works on this rank's rows
+            x = own_rows(x, mesh, dim=2)
         encodings = []
         for embed, transformer in self.layers:
             x = transformer(embed(x))
@@ -142,6 +161,8 @@ class CrossFormer(nn.Module):
         x = torch.cat([self.up_block2(x), encodings[1]], dim=1)
         x = torch.cat([self.up_block3(x), encodings[0]], dim=1)
         x = self.up_block4(x)
+        if mesh is not None:
+            x = gather_rows(x, mesh, dim=2)
         if self.padding:
             x = self.padding.unpad(x)
         if self.use_interp:

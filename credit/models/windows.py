@@ -40,18 +40,21 @@ def check_head_split(heads: int, dim_head: int, tp_size: int) -> None:
                          f"cannot be split over trainer.parallelism.tensor={tp_size}: {problem}")
 
 
-def residual_rounds(x: torch.Tensor, rounds, sequence_mesh: DeviceMesh | None = None) -> torch.Tensor:
+def residual_rounds(x: torch.Tensor, rounds, sequence_mesh: DeviceMesh | None = None,
+                    rows_through: bool = False) -> torch.Tensor:
     """x (B, C, H, W) through every layer of every round, each residual, channels-last inside.
 
     `sequence_mesh`: the residual stream inside holds this rank's rows only (sequence
-    parallelism), gathered whole again on the way out."""
+    parallelism), gathered whole again on the way out unless `rows_through` (x comes in as
+    this rank's rows and leaves as them)."""
     x = x.permute(0, 2, 3, 1)  # channels-last for the Linear projections
-    if sequence_mesh is not None:
+    split = sequence_mesh is not None and not rows_through
+    if split:
         x = own_rows(x, sequence_mesh)
     for block in rounds:
         for layer in block:
             x = x + layer(x)
-    if sequence_mesh is not None:
+    if split:
         x = gather_rows(x, sequence_mesh)
     # a fresh tensor, not a view (the permute back is often already contiguous): an in-place op
     # on a wrapped block's output view would bypass FSDP2's pre-backward hook

@@ -79,6 +79,98 @@ class _GatherRows(torch.autograd.Function):
         return _own(grad, ctx.group, ctx.dim), None, None
 
 
+class _HaloRows(torch.autograd.Function):
+    """Forward: this rank's rows of an NCHW tensor with `top` rows of the rank above and
+    `bottom` rows of the rank below around them (zeros beyond the first and last rank, as a
+    convolution's zero padding); backward: the halo rows' gradients sent back and added to
+    the rows they came from."""
+
+    @staticmethod
+    def forward(ctx, x, top, bottom, group):  # type: ignore[override]
+        ctx.top, ctx.bottom, ctx.group = top, bottom, group
+        rank, size, rows = dist.get_rank(group), dist.get_world_size(group), x.shape[2]
+        edges = torch.cat([x[:, :, :bottom], x[:, :, rows - top:]], dim=2)  # what the neighbours need
+        parts = _gather(edges, group, 0).chunk(size, dim=0)
+        above = parts[rank - 1][:, :, bottom:] if rank > 0 else x.new_zeros(*x.shape[:2], top, x.shape[3])
+        below = parts[rank + 1][:, :, :bottom] if rank < size - 1 else x.new_zeros(*x.shape[:2], bottom, x.shape[3])
+        return torch.cat([above, x, below], dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        top, bottom, group = ctx.top, ctx.bottom, ctx.group
+        rank, size, rows = dist.get_rank(group), dist.get_world_size(group), grad.shape[2] - top - bottom
+        own = grad[:, :, top:top + rows].clone()
+        sent = torch.cat([grad[:, :, :top], grad[:, :, top + rows:]], dim=2)  # to the rank above, below
+        parts = _gather(sent, group, 0).chunk(size, dim=0)
+        if rank < size - 1 and top:  # the rank below used my last rows as its top halo
+            own[:, :, rows - top:] += parts[rank + 1][:, :, :top]
+        if rank > 0 and bottom:  # the rank above used my first rows as its bottom halo
+            own[:, :, :bottom] += parts[rank - 1][:, :, top:]
+        return own, None, None, None
+
+
+def halo_rows(x: torch.Tensor, top: int, bottom: int, mesh: DeviceMesh) -> torch.Tensor:
+    """This rank's rows of NCHW `x` with `top` rows above and `bottom` below from the
+    neighbouring ranks (zeros at the grid's edges): what a convolution reaching across
+    rows needs. Needs at least max(top, bottom) rows on every rank."""
+    if top == 0 and bottom == 0:
+        return x
+    return _HaloRows.apply(x, top, bottom, mesh.get_group())
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Forward: the sum over the group; backward: the sum of the ranks' gradients (every
+    rank used the same sum)."""
+
+    @staticmethod
+    def forward(ctx, t, group):  # type: ignore[override]
+        ctx.group = group
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        out = grad.contiguous().clone()
+        dist.all_reduce(out, group=ctx.group)
+        return out, None
+
+
+def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """The sum of `t` over the tp ranks, differentiable."""
+    return _AllReduceSum.apply(t, mesh.get_group())
+
+
+class _SumGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, group):  # type: ignore[override]
+        ctx.group = group
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        out = grad.contiguous().clone()
+        dist.all_reduce(out, group=ctx.group)
+        return out, None
+
+
+@contextlib.contextmanager
+def grads_summed_over_rows(module: nn.Module, mesh: DeviceMesh) -> Iterator[None]:
+    """During the call, `module`'s weight and bias stand in as tensors whose gradient is
+    summed over the tp ranks: each rank's rows give a partial gradient of a parameter every
+    rank holds whole. (The stand-in is what spectral norm and FSDP2 do to `weight` too.)"""
+    group, saved = mesh.get_group(), {}
+    for name in ("weight", "bias"):
+        param = module._parameters.get(name)
+        if param is not None:
+            saved[name] = param
+            module._parameters[name] = _SumGrad.apply(param, group)
+    try:
+        yield
+    finally:
+        module._parameters.update(saved)
+
+
 def own_rows(x: torch.Tensor, mesh: DeviceMesh, dim: int = ROW_DIM) -> torch.Tensor:
     """This rank's contiguous part of `x` along `dim` (`x` whole and equal on every rank)."""
     return _OwnRows.apply(x, mesh.get_group(), dim)
@@ -169,11 +261,33 @@ def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic
         if problem:
             skipped.append(f"{name} ({problem})")
             continue
-        for module in stage.modules():
-            if hasattr(module, "sequence_mesh"):
-                module.sequence_mesh = tp_mesh
-                module.sequence_regather = not activation_checkpointing
+        _mark(stage, tp_mesh, activation_checkpointing)
         chosen.append(name)
-    log.info("sequence parallel (tp=%d): %d of %d stages shard their rows%s", tp, len(chosen), len(stages),
-             f"; plain tensor parallel in {', '.join(skipped)}" if skipped else "")
+    whole = _whole_model_problem(model, tp, deterministic, skipped)
+    if whole is None:  # convolutions and decoder on rows too: nothing is gathered until the output
+        _mark(model, tp_mesh, activation_checkpointing)
+        for _, stage in stages:
+            stage.sequence_rows_through = True
+    log.info("sequence parallel (tp=%d): %d of %d stages shard their rows%s; %s", tp, len(chosen), len(stages),
+             f"; plain tensor parallel in {', '.join(skipped)}" if skipped else "",
+             "the whole model runs on rows" if whole is None else f"convolutions on whole grids ({whole})")
     return chosen
+
+
+def _mark(root: nn.Module, tp_mesh: DeviceMesh, activation_checkpointing: bool) -> None:
+    for module in root.modules():
+        if hasattr(module, "sequence_mesh"):
+            module.sequence_mesh = tp_mesh
+            module.sequence_regather = not activation_checkpointing
+
+
+def _whole_model_problem(model: nn.Module, tp: int, deterministic: bool, skipped: list[str]) -> str | None:
+    """Why the convolutions between the stages cannot run on rows too (None: they can)."""
+    fits = getattr(model, "sequence_rows_fit", None)
+    if fits is None:
+        return f"{type(model).__name__} runs only its transformer stages on rows"
+    if deterministic:  # their weight gradients and group-norm statistics would add in another order
+        return "model.gemm=deterministic keeps them whole for one process's bits"
+    if skipped:
+        return "not every stage shards its rows"
+    return fits(tp)
