@@ -4,7 +4,7 @@ The default model (CREDIT's wxformer_next at the schema's widths: its 32-wide at
 kept whole on every tp rank, the 64-wide one at tp=4, everything else is split) on the tiny
 16x32 dataset, one global batch of 4 samples, dropout 0.1 on attention and feed-forward, EMA on,
 12 steps (validation at 6 and 12) at every (dp, tp) in {(1,1), (1,2), (1,4), (2,1), (2,2), (4,1)} (FSDP2 with tensor
-parallelism): per-step losses, gradient norms, learning rates and validation scores equal
+parallelism), and with sequence parallelism at (1,2), (1,4), (2,2): per-step losses, gradient norms, learning rates and validation scores equal
 bitwise (`check_parity.py --exact` and the whole metrics.csv), and the final checkpoints
 (model, EMA and optimizer state, gathered to full tensors) bitwise equal. A dp2 x tp2 run
 with one rank killed (SIGKILL) at a random step between checkpoints, relaunched at dp4
@@ -35,7 +35,9 @@ DETERMINISTIC = ["model.gemm=deterministic", "model.attn_dropout=0.1", "model.ff
                  "trainer.valid_every_n_steps=6", "data.valid_samples=8",
                  "trainer.parallelism.data=fsdp2", "trainer.ema.enabled=true",
                  "trainer.optimizer.lr=5e-4"]  # the default model's random head settles within 12 steps
-LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)]  # the issue's matrix
+# (dp, tp, sequence parallel): the layout matrix, and sequence parallelism at (1,2), (1,4), (2,2)
+LAYOUTS = [(1, 1, False), (1, 2, False), (1, 4, False), (2, 1, False), (2, 2, False), (4, 1, False),
+           (1, 2, True), (1, 4, True), (2, 2, True)]
 
 
 def _train(overrides, nproc):
@@ -65,22 +67,26 @@ def runs(tiny_data, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("deterministic")
     out = {}
-    for dp, tp in LAYOUTS:
-        run = root / f"dp{dp}_tp{tp}"
+    for dp, tp, sequence in LAYOUTS:
+        run = root / f"dp{dp}_tp{tp}{'_sp' if sequence else ''}"
         result = _train(tiny_data_overrides(tiny_data, f"run_dir={run}", *DETERMINISTIC,
                                        f"trainer.batch_size={GLOBAL_BATCH // dp}",
-                                       f"trainer.parallelism.tensor={tp}"), nproc=dp * tp)
+                                       f"trainer.parallelism.tensor={tp}",
+                                       f"trainer.parallelism.sequence_parallel={str(sequence).lower()}"),
+                        nproc=dp * tp)
+        log = result.stdout + result.stderr
         if tp > 1:  # some blocks split, the narrowest kept whole: both paths are exercised
-            log = result.stdout + result.stderr
             assert f"tp={tp}" in log and "kept whole on every tp rank" in log, log[-2000:]
-        out[dp, tp] = run
+        if sequence:  # stage 0 (8x16) splits its rows, the coarser stages stay whole
+            assert f"sequence parallel (tp={tp}): 1 of 4 stages shard their rows" in log, log[-2000:]
+        out[dp, tp, sequence] = run
     return root, out
 
 
-@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda l: f"dp{l[0]}_tp{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda l: f"dp{l[0]}_tp{l[1]}{'_sp' if l[2] else ''}")
 def test_layout_is_bitwise_one_process(runs, layout, tmp_path):
     _, out = runs
-    serial, other = out[1, 1], out[layout]
+    serial, other = out[1, 1, False], out[layout]
     check = subprocess.run([*CHECK, str(serial), str(other), "--exact"],
                            capture_output=True, text=True, env=ENV, timeout=120)
     assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), check.stdout
@@ -88,7 +94,7 @@ def test_layout_is_bitwise_one_process(runs, layout, tmp_path):
 
 
 def test_the_run_trains(runs):
-    losses = [float(r["loss"]) for r in _metrics(runs[1][1, 1]) if r["split"] == "train"]
+    losses = [float(r["loss"]) for r in _metrics(runs[1][1, 1, False]) if r["split"] == "train"]
     assert losses[-1] < losses[0]
 
 
@@ -121,7 +127,7 @@ def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, t
     assert agent.wait(timeout=120) != 0, f"the run finished before the kill after step {kill_after}"
     resumed = _train(launch(4, 1, "ddp")[6:], nproc=4)  # resume=auto at dp4 x tp1, ddp
     assert "deterministic ddp over dp=4" in resumed.stdout + resumed.stderr
-    serial = runs[1][1, 1]
+    serial = runs[1][1, 1, False]
     check = subprocess.run([*CHECK, str(serial), str(run), "--exact"],
                            capture_output=True, text=True, env=ENV, timeout=120)
     assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), (kill_after, check.stdout)
