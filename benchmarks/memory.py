@@ -3,7 +3,8 @@
 without sequence parallelism.
 
 For each variant (tp = 1, 2, 4 on as many gloo ranks, and tp = 2, 4 with
-`trainer.parallelism.sequence_parallel=true` (written 2sp, 4sp), dp = 1, batch 1 by default) a fresh
+`trainer.parallelism.sequence_parallel=true` (written 2sp, 4sp; 4spr adds
+`sequence_parallel_regather=true`), dp = 1, batch 1 by default) a fresh
 launch trains on a generated dataset of the chosen grid and reports, max over its ranks:
 - activation memory: the peak resident set during a step minus the resident set just before
   it (the parameters, gradients, optimizer state and loader buffers are held before the step);
@@ -18,7 +19,7 @@ workers run with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD
 tensor larger than that is its own mapping, returned to the kernel when freed, instead of
 heap pages the allocator keeps.
 
-    python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4,2sp,4sp] [--rounds 3] [--steps 2]
+    python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4,2sp,4sp,4spr] [--rounds 3] [--steps 2]
                                 [--out FILE] [KEY=VALUE ...]
 
 The default model is CREDIT's crossformer with widths 32-256, earth-padded from 181x360 to
@@ -72,9 +73,10 @@ def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
     from credit.train.memory import PeakMemory
     from credit.train.trainer import Trainer
 
-    tp, sequence = _parse(variant)
+    tp, sequence, regather = _parse(variant)
     cfg = compose_config([*MODEL, *COMMON, *overrides, f"trainer.parallelism.tensor={tp}",
                           f"trainer.parallelism.sequence_parallel={str(sequence).lower()}",
+                          f"trainer.parallelism.sequence_parallel_regather={str(regather).lower()}",
                           "trainer.parallelism.data=none", f"run_dir={tempfile.mkdtemp()}"])
     trainer = Trainer(cfg, build_runtime(cfg))
     trainer.setup()
@@ -103,17 +105,19 @@ def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
                                             "step_s": statistics.median(seconds)}))
 
 
-def _parse(variant: str) -> tuple[int, bool]:
-    """'4sp' -> (4, True): the tensor-parallel degree and whether rows are split too."""
-    sequence = variant.endswith("sp")
-    tp = int(variant[:-2] if sequence else variant)
-    if sequence and tp < 2:
-        raise SystemExit(f"--tp {variant}: sequence parallelism needs a degree of at least 2")
-    return tp, sequence
+def _parse(variant: str) -> tuple[int, bool, bool]:
+    """'4sp' -> (4, True, False), '4spr' -> (4, True, True): the tensor-parallel degree,
+    whether rows are split too, and whether blocks re-gather their inputs in backward."""
+    regather = variant.endswith("spr")
+    sequence = regather or variant.endswith("sp")
+    digits = variant[:-3] if regather else variant[:-2] if sequence else variant
+    if not digits.isdigit() or (sequence and int(digits) < 2):
+        raise SystemExit(f"--tp {variant}: a degree, optionally followed by sp or spr (degree >= 2)")
+    return int(digits), sequence, regather
 
 
 def _launch(variant: str, steps: int, overrides: list[str], result: str) -> None:
-    tp, _ = _parse(variant)
+    tp = _parse(variant)[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     prefix = [sys.executable]
     if tp > 1:
@@ -125,8 +129,9 @@ def _launch(variant: str, steps: int, overrides: list[str], result: str) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", default="181x360", help="NLATxNLON of the generated dataset")
-    parser.add_argument("--tp", default="1,2,4,2sp,4sp",
-                        help="comma-separated variants: a tensor-parallel degree, 'sp' appended for sequence parallelism")
+    parser.add_argument("--tp", default="1,2,4,2sp,4sp,4spr",
+                        help="comma-separated variants: a tensor-parallel degree, 'sp' appended for sequence "
+                             "parallelism, 'spr' for it with regathered block inputs")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="measured steps per launch, after one warm-up")
     parser.add_argument("--data-root", type=Path, help="an existing dataset (default: generate one)")
@@ -162,7 +167,8 @@ def main() -> None:
     base = degrees[0]
     mib = 2**20
     lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
-             "Variants: the tensor-parallel degree; `sp` = with sequence parallelism.", "",
+             "Variants: the tensor-parallel degree; `sp` = with sequence parallelism; `spr` = with it and "
+             "`sequence_parallel_regather=true`.", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
              f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
              f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",

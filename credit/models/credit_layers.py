@@ -33,8 +33,8 @@ from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.modes import layer_kit, shard_of
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
-from credit.parallel.sequence import (all_reduce_sum, gather_rows, gather_rows_partial, grads_summed_over_rows,
-                                      halo_rows, own_rows, saving_rows_only)
+from credit.parallel.sequence import (all_reduce_sum, gather_rows, gather_rows_partial, halo_rows, own_rows,
+                                      saving_rows_only)
 
 
 class ChannelLayerNorm(nn.Module):
@@ -42,8 +42,10 @@ class ChannelLayerNorm(nn.Module):
     channels-last tensor (..., C).
 
     `sequence_group`: the tp group when `x` holds this rank's rows only (sequence
-    parallelism): the affine gradients are then partial sums over rows, added across the
-    group in a fixed tree (deterministic mode: per sample, so the tree is one process's)."""
+    parallelism), so the affine gradients are partial sums over rows. Deterministic mode
+    adds them across the group inside the backward, per sample, in one process's tree; fast
+    mode leaves them to the one reduction after backward (the block declares them in
+    `sequence_partial_parameters`)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, deterministic: bool = False) -> None:
         super().__init__()
@@ -56,8 +58,6 @@ class ChannelLayerNorm(nn.Module):
         g, b = self.g.reshape(c), self.b.reshape(c)
         if self.deterministic:  # per-row normalisation, affine gradients by the row tree
             return channel_affine(F.layer_norm(x, (c,), None, None, self.eps), g, b, sequence_group)
-        if sequence_group is not None:
-            g, b = tree_all_reduce_grad(g, sequence_group), tree_all_reduce_grad(b, sequence_group)
         return F.layer_norm(x, (c,), g, b, self.eps)
 
 
@@ -193,6 +193,11 @@ class Attention(nn.Module):
         attended = self._attend(self._to_windows(q), self._to_windows(k), self._to_windows(v))
         return self.to_out(self._from_windows(attended, grid))  # reduce-scattered to this rank's rows
 
+    def sequence_partial_parameters(self) -> list[str]:
+        """The norm's affine, when this block normalises only this rank's rows (fast mode)."""
+        on_rows = self.sequence_mesh is not None and isinstance(self.to_q.weight, DTensor)
+        return ["norm.g", "norm.b"] if on_rows and not self.norm.deterministic else []
+
     def _saving_rows(self, rows: torch.Tensor, full: torch.Tensor):
         if self.sequence_mesh is not None and self.sequence_regather and rows is not full:
             return saving_rows_only(rows, full, self.sequence_mesh)
@@ -251,6 +256,12 @@ class FeedForward(nn.Module):
         with saving_rows_only(normed, gathered, mesh):
             hidden = up(gathered)
         return self._hidden_to_out(hidden, up_done=True)
+
+    def sequence_partial_parameters(self) -> list[str]:
+        """The norm's affine, when this block normalises only this rank's rows (fast mode)."""
+        norm, up = self.layers[0], self.layers[1]
+        on_rows = self.sequence_mesh is not None and isinstance(up.weight, DTensor)
+        return ["layers.0.g", "layers.0.b"] if on_rows and not norm.deterministic else []
 
     def _hidden_to_out(self, normed: torch.Tensor, up_done: bool = False) -> torch.Tensor:
         _, up, act, dropout, down = self.layers
@@ -321,9 +332,11 @@ class CrossEmbedLayer(nn.Module):
 
     def _branch_on_rows(self, pad: nn.ZeroPad2d, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
         left, right, top, bottom = pad.padding  # rows from the neighbours, zeros along W
-        mesh = self.sequence_mesh
-        with grads_summed_over_rows(conv, mesh):
-            return conv(F.pad(halo_rows(x, top, bottom, mesh), (left, right, 0, 0)))
+        return conv(F.pad(halo_rows(x, top, bottom, self.sequence_mesh), (left, right, 0, 0)))
+
+    def sequence_partial_parameters(self) -> list[str]:
+        """On rows, every weight's gradient covers this rank's rows only."""
+        return [name for name, _ in self.named_parameters()] if self.sequence_mesh is not None else []
 
 
 def icnr_(weight: torch.Tensor, scale: int) -> None:
@@ -375,17 +388,20 @@ class UpBlockPS(nn.Module):
                 y = layer(y)
         return y + x
 
+    def sequence_partial_parameters(self) -> list[str]:
+        """On rows, every weight's gradient covers this rank's rows only."""
+        return [name for name, _ in self.named_parameters()] if self.sequence_mesh is not None else []
+
 
 def conv_on_rows(conv: nn.Conv2d, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """A stride-1 'same' convolution of this rank's rows: the rows its padding reaches from
-    the neighbours, the layer itself (its own zero padding then only adds rows it drops),
-    its weight gradient summed over the ranks."""
+    the neighbours, then the layer itself (its own zero padding then only adds rows it
+    drops). Its weight gradient is this rank's part (`sequence_partial_parameters`)."""
     reach = conv.padding[0]
     if conv.stride != (1, 1) or conv.kernel_size[0] != 2 * reach + 1:
         raise ValueError(f"conv_on_rows needs a stride-1 convolution padded to its size, got {conv}")
-    with grads_summed_over_rows(conv, mesh):
-        y = conv(halo_rows(x, reach, reach, mesh))
-    return y[:, :, reach:y.shape[2] - reach] if reach else y
+    y = conv(halo_rows(x, reach, reach, mesh))
+    return y[:, :, reach:y.shape[2] - reach].contiguous() if reach else y
 
 
 def group_norm_on_rows(norm: nn.GroupNorm, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -400,8 +416,7 @@ def group_norm_on_rows(norm: nn.GroupNorm, x: torch.Tensor, mesh: DeviceMesh) ->
     normed = (centered * torch.rsqrt(var + norm.eps)).reshape(b, c, h, w)
     if not norm.affine:
         return normed
-    with grads_summed_over_rows(norm, mesh):
-        return normed * norm.weight[None, :, None, None] + norm.bias[None, :, None, None]
+    return normed * norm.weight[None, :, None, None] + norm.bias[None, :, None, None]
 
 
 class OutputHead(nn.Sequential):
@@ -415,6 +430,10 @@ class OutputHead(nn.Sequential):
             return super().forward(x)
         first, shuffle, last = self
         return conv_on_rows(last, shuffle(conv_on_rows(first, x, self.sequence_mesh)), self.sequence_mesh)
+
+    def sequence_partial_parameters(self) -> list[str]:
+        """On rows, every weight's gradient covers this rank's rows only."""
+        return [name for name, _ in self.named_parameters()] if self.sequence_mesh is not None else []
 
 
 def output_head(in_ch: int, out_ch: int, icnr: bool, scale: int = 2, gemm: str = "fast") -> OutputHead:

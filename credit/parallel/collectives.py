@@ -92,28 +92,30 @@ def _replicated_over_tp(param: torch.Tensor) -> bool:
 
 
 def sync_replicated_gradients(model: nn.Module, tp_mesh: DeviceMesh) -> int:
-    """Average, across the tp group, the gradients of parameters that tp does not shard.
+    """Average, across the tp group, the gradients of parameters that tp does not shard;
+    sum those that are partial sums over a rank's rows (sequence parallelism,
+    `model.sequence_partial_gradients`).
 
     TP peers see the same batch and compute the same replicated gradients, but nothing
     else forces them to stay bitwise equal (e.g. non-deterministic GPU kernels), and
     replicas that drift apart silently become different models. The average is taken
     in float64, so gradients that already agree are returned unchanged to the bit.
-    Returns the number of gradients synchronised.
+    One all-reduce for all of them. Returns the number of gradients synchronised.
     """
     if tp_mesh.size() == 1:
         return 0
-    grads = [
-        p.grad for p in model.parameters() if p.grad is not None and _replicated_over_tp(p)
-    ]
-    if not grads:
+    partial = getattr(model, "sequence_partial_gradients", frozenset())
+    named = [(name, p.grad) for name, p in model.named_parameters()
+             if p.grad is not None and _replicated_over_tp(p)]
+    if not named:
         return 0
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    local = [g.to_local() if isinstance(g, DTensor) else g for _, g in named]
     flat = torch.cat([t.reshape(-1).to(torch.float64) for t in local])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=tp_mesh.get_group())
-    flat /= tp_mesh.size()
     offset = 0
-    for tensor in local:
+    for (name, _), tensor in zip(named, local):
         n = tensor.numel()
-        tensor.copy_(flat[offset : offset + n].view_as(tensor))
+        total = flat[offset : offset + n].view_as(tensor)
+        tensor.copy_(total if name in partial else total / tp_mesh.size())
         offset += n
-    return len(grads)
+    return len(named)

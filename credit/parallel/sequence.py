@@ -141,34 +141,19 @@ def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return _AllReduceSum.apply(t, mesh.get_group())
 
 
-class _SumGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, group):  # type: ignore[override]
-        ctx.group = group
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        out = grad.contiguous().clone()
-        dist.all_reduce(out, group=ctx.group)
-        return out, None
-
-
-@contextlib.contextmanager
-def grads_summed_over_rows(module: nn.Module, mesh: DeviceMesh) -> Iterator[None]:
-    """During the call, `module`'s weight and bias stand in as tensors whose gradient is
-    summed over the tp ranks: each rank's rows give a partial gradient of a parameter every
-    rank holds whole. (The stand-in is what spectral norm and FSDP2 do to `weight` too.)"""
-    group, saved = mesh.get_group(), {}
-    for name in ("weight", "bias"):
-        param = module._parameters.get(name)
-        if param is not None:
-            saved[name] = param
-            module._parameters[name] = _SumGrad.apply(param, group)
-    try:
-        yield
-    finally:
-        module._parameters.update(saved)
+def partial_gradient_names(model: nn.Module) -> frozenset[str]:
+    """Names of the parameters whose gradients, after backward, are this rank's partial sums
+    over its rows (every tp rank holds them whole): what each module on rows declares with
+    `sequence_partial_parameters()`. Fast mode sums them over the tp ranks after backward,
+    in one reduction with the other replicated gradients (`sync_replicated_gradients`) or in
+    FSDP2's reduce-scatter over dp x tp (`parallelize_model`); deterministic mode sums them
+    inside the backward, in one process's order, and declares none."""
+    names = set()
+    for prefix, module in model.named_modules():
+        declare = getattr(module, "sequence_partial_parameters", None)
+        if declare is not None:
+            names.update(f"{prefix}.{name}" if prefix else name for name in declare())
+    return frozenset(names)
 
 
 def own_rows(x: torch.Tensor, mesh: DeviceMesh, dim: int = ROW_DIM) -> torch.Tensor:
@@ -243,11 +228,11 @@ def stage_fits(grid: tuple[int, int], tp: int, deterministic: bool) -> str | Non
 
 
 def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic: bool,
-                            activation_checkpointing: bool = False) -> list[str]:
+                            regather: bool = False) -> list[str]:
     """Choose the stages that run sequence-parallel and mark their modules; return their
     names (the parallelizer gives the row-parallel layers under them row-sharded outputs).
-    Without activation checkpointing the blocks keep only their rows of a gathered input for
-    backward (`saving_rows_only`); with it the whole unit is recomputed instead.
+    `regather`: the blocks keep only their rows of a gathered input for backward
+    (`saving_rows_only`); pointless under activation checkpointing, which recomputes it all.
 
     Raises ValueError when the model declares no stage (nothing to shard)."""
     tp = tp_mesh.size()
@@ -261,11 +246,11 @@ def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic
         if problem:
             skipped.append(f"{name} ({problem})")
             continue
-        _mark(stage, tp_mesh, activation_checkpointing)
+        _mark(stage, tp_mesh, regather)
         chosen.append(name)
     whole = _whole_model_problem(model, tp, deterministic, skipped)
     if whole is None:  # convolutions and decoder on rows too: nothing is gathered until the output
-        _mark(model, tp_mesh, activation_checkpointing)
+        _mark(model, tp_mesh, regather)
         for _, stage in stages:
             stage.sequence_rows_through = True
     log.info("sequence parallel (tp=%d): %d of %d stages shard their rows%s; %s", tp, len(chosen), len(stages),
@@ -274,11 +259,11 @@ def apply_sequence_parallel(model: nn.Module, tp_mesh: DeviceMesh, deterministic
     return chosen
 
 
-def _mark(root: nn.Module, tp_mesh: DeviceMesh, activation_checkpointing: bool) -> None:
+def _mark(root: nn.Module, tp_mesh: DeviceMesh, regather: bool) -> None:
     for module in root.modules():
         if hasattr(module, "sequence_mesh"):
             module.sequence_mesh = tp_mesh
-            module.sequence_regather = not activation_checkpointing
+            module.sequence_regather = regather
 
 
 def _whole_model_problem(model: nn.Module, tp: int, deterministic: bool, skipped: list[str]) -> str | None:

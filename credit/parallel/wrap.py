@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from credit.parallel.mesh import all_ranks_mesh
-from credit.parallel.sequence import apply_sequence_parallel
+from credit.parallel.sequence import apply_sequence_parallel, partial_gradient_names
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
 from credit.parallel.tree_reduce import TreeReduceScatter
 
@@ -51,6 +51,36 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 def _has_tp_params(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _partial_units(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """The units (sharded over dp x tp) whose gradients are partial sums over a tp rank's
+    rows (sequence parallelism on the convolutions); a unit mixing them with whole
+    gradients cannot take one reduction and raises."""
+    partial = getattr(model, "sequence_partial_gradients", frozenset())
+    if not partial:
+        return []
+    names = {module: name for name, module in model.named_modules()}
+    chosen = []
+    for unit in units:
+        params = [f"{names[unit]}.{n}" for n, _ in unit.named_parameters()]
+        flags = {name in partial for name in params}
+        if flags == {True, False}:
+            raise ValueError(f"{names[unit]} mixes parameters on rows and on whole grids; "
+                             f"sequence parallelism cannot reduce its gradients in one step")
+        if flags == {True}:
+            chosen.append(unit)
+    return chosen
+
+
+def _sum_over_tp(unit: nn.Module, partial_units: list[nn.Module], in_group: int, dp: int) -> None:
+    """A unit over dp x tp whose gradients are partial over its tp ranks: its reduction sums
+    over tp and averages over dp (FSDP2's divide factor dp, not dp x tp)."""
+    if in_group != 1 and in_group != len(partial_units):
+        raise ValueError("shard_granularity=grouped with sequence parallelism needs every unit "
+                         "without tensor-parallel weights on rows")
+    unit.set_gradient_divide_factor(float(dp))
+    unit.set_force_sum_reduction_for_comms(True)  # a plain sum, then the division: gloo has no pre-scaled sum
 
 
 def _data_parallel_wrap(data: str, mixed_precision: str, reshard_after_forward: bool,
@@ -84,6 +114,7 @@ def parallelize_model(
     deterministic: bool = False,
     spectral_norm_tp: str = "shard",
     sequence_parallel: bool = False,
+    sequence_regather: bool = False,
 ) -> nn.Module:
     """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
 
@@ -99,14 +130,17 @@ def parallelize_model(
     (`credit.parallel.tree_reduce`). `spectral_norm_tp` ("shard" or "replicate",
     `model.spectral_norm_tp`): see `apply_native_tensor_parallel`. `sequence_parallel` (tp > 1)
     splits the rows of the transformer stages over `mesh["tp"]` (`credit.parallel.sequence`),
-    before tensor parallelism plans their layers. All are validated values (`credit.config.validate`
+    before tensor parallelism plans their layers; `sequence_regather` keeps only a rank's rows
+    of each gathered block input for backward. All are validated values (`credit.config.validate`
     holds those rules). Returns the model (modified in place).
     """
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
     if tp_mesh.size() > 1:
-        stages = (apply_sequence_parallel(model, tp_mesh, deterministic, activation_checkpointing)
-                  if sequence_parallel else [])
+        regather = sequence_regather and not activation_checkpointing  # checkpointing recomputes it anyway
+        stages = apply_sequence_parallel(model, tp_mesh, deterministic, regather) if sequence_parallel else []
         apply_native_tensor_parallel(model, tp_mesh, spectral_norm_tp, stages)
+    # gradients that are partial sums over a rank's rows: summed over tp after backward
+    model.sequence_partial_gradients = partial_gradient_names(model)
 
     units = shard_units(model)
     if activation_checkpointing:
@@ -127,13 +161,18 @@ def parallelize_model(
     everyone = all_ranks_mesh(mesh) if tp_mesh.size() > 1 else dp_mesh
     with_tp = [unit for unit in units if _has_tp_params(unit)]
     without_tp = [unit for unit in units if not _has_tp_params(unit)]
+    sum_over_tp = _partial_units(model, without_tp)
     if shard_granularity == "grouped":
         for group, group_mesh in ((with_tp, dp_mesh), (without_tp, everyone)):
             if group:
                 wrap(group, mesh=group_mesh)
+                if group is without_tp and sum_over_tp:
+                    _sum_over_tp(group[0], sum_over_tp, len(without_tp), dp_mesh.size())
     else:
         for unit in units:
             wrap(unit, mesh=dp_mesh if unit in with_tp else everyone)
+            if unit in sum_over_tp:
+                _sum_over_tp(unit, sum_over_tp, 1, dp_mesh.size())
     wrap(model, mesh=dp_mesh)
     log.info(
         "applied %s over dp=%d to %d blocks (%d without tp parameters over all %d ranks; "

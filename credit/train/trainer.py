@@ -143,6 +143,7 @@ class Trainer:
                 deterministic=self.deterministic,
                 spectral_norm_tp=cfg.model.spectral_norm_tp,
                 sequence_parallel=par.sequence_parallel,
+                sequence_regather=par.sequence_parallel_regather,
             )
         if self.sdc is not None:
             self.sdc.attach(self.model)

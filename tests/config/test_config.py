@@ -57,6 +57,9 @@ def test_overrides_apply():
         ("trainer.parallelism.tensor=0", "trainer.parallelism.tensor=0"),
         ("trainer.parallelism.tensor=3", "trainer.parallelism.tensor=3"),  # 4 heads in stage 0
         ("trainer.parallelism.mixed_precision=fp8", "trainer.parallelism.mixed_precision='fp8'"),
+        ("trainer.parallelism.sequence_parallel=true", "sequence_parallel=True is invalid: needs trainer.parallelism.tensor > 1"),
+        ("model=windowformer trainer.parallelism.tensor=2 trainer.parallelism.sequence_parallel=true",
+         "model.name in ['crossformer', 'wxformer_next'], got 'windowformer'"),
         ("trainer.ema.decay=1.0", "trainer.ema.decay=1.0"),
         ("trainer.optimizer.betas=[0.9,1.2]", "trainer.optimizer.betas"),
         ("data.train_period=[2001-01-01,2000-01-01]", "data.train_period"),
