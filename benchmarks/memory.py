@@ -103,6 +103,9 @@ def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
         keys = ("activation", "peak_rss", "params", "grads", "optimizer")
         Path(result).write_text(json.dumps({**dict(zip(keys, mine.tolist())),
                                             "step_s": statistics.median(seconds)}))
+    if dist.is_initialized():  # every rank done before the group goes: no teardown races at exit
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _parse(variant: str) -> tuple[int, bool, bool]:

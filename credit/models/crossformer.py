@@ -20,7 +20,7 @@ from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS
                                          encoder_grids, output_head, resize)
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.dropout import IndexedDropout
-from credit.parallel.sequence import gather_rows, own_rows
+from credit.parallel.sequence import gather_rows
 
 
 @dataclass(frozen=True)
@@ -133,16 +133,31 @@ class CrossFormer(nn.Module):
         number_dropouts(self)
 
     def sequence_rows_fit(self, tp: int) -> str | None:
-        """Why the whole model cannot run on rows split over `tp` ranks (None: it can): every
-        stage's rows must split evenly, and each rank must hold the rows a cross-embedding
-        reaches into its neighbours."""
-        height = self.padding.padded(self.spec.grid)[0] if self.padding else self.spec.grid[0]
-        rows = height
+        """Why the whole model cannot run on rows split over `tp` ranks (None: it can).
+
+        Each rank must make the same number of rows at every stage, so the decoder meets its
+        skips row for row: the first cross-embedding's output rows must split evenly (its
+        input is split in stride-sized steps, any rows left over going to the last rank, as
+        CREDIT's odd padded heights need), every later stage's input rows must split into
+        whole strides per rank, and each rank must hold the rows a cross-embedding reaches
+        into its neighbours."""
+        rows = self.padding.padded(self.spec.grid)[0] if self.padding else self.spec.grid[0]
         for stage, ((embed, _), stride) in enumerate(zip(self.layers, self.spec.cross_embed_strides)):
-            if rows % tp or rows // tp < embed.halo():
-                return f"stage {stage}'s cross-embedding input has {rows} rows ({rows / tp:g} per rank)"
-            rows //= stride
-        return None if rows % tp == 0 else f"the last stage has {rows} rows"
+            made = rows // stride
+            per_rank = made // tp * stride  # input rows per rank (the last also takes any remainder)
+            if made % tp or (stage and rows % (tp * stride)) or per_rank < embed.halo():
+                return (f"stage {stage}'s cross-embedding takes {rows} rows to {made} (stride {stride}): "
+                        f"{made / tp:g} per rank")
+            rows = made
+        return None
+
+    def _input_rows(self, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        """This rank's input rows: whole strides of the first cross-embedding, the rows left
+        over on the last rank (`sequence_rows_fit`)."""
+        rank, tp, stride = mesh.get_local_rank(), mesh.size(), self.spec.cross_embed_strides[0]
+        per_rank = x.shape[2] // stride // tp * stride
+        start = rank * per_rank
+        return x[:, :, start:x.shape[2] if rank == tp - 1 else start + per_rank]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
@@ -152,7 +167,7 @@ class CrossFormer(nn.Module):
         x = x.flatten(1, 2)  # channel-major, time-minor
         mesh = self.sequence_mesh
         if mesh is not None:  # every layer below works on this rank's rows
-            x = own_rows(x, mesh, dim=2)
+            x = self._input_rows(x, mesh)
         encodings = []
         for embed, transformer in self.layers:
             x = transformer(embed(x))
