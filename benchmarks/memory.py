@@ -3,8 +3,8 @@
 without sequence parallelism.
 
 For each variant (tp = 1, 2, 4 on as many gloo ranks, and tp = 2, 4 with
-`trainer.parallelism.sequence_parallel=true` (written 2sp, 4sp; 4spr adds
-`sequence_parallel_regather=true`), dp = 1, batch 1 by default) a fresh
+`trainer.parallelism.sequence_parallel=true`: 2sp and 4sp with `sequence_parallel_regather=false`,
+4spr with it true, the default; dp = 1, batch 1 by default) a fresh
 launch trains on a generated dataset of the chosen grid and reports, max over its ranks:
 - activation memory: the peak resident set during a step minus the resident set just before
   it (the parameters, gradients, optimizer state and loader buffers are held before the step);
@@ -170,8 +170,9 @@ def main() -> None:
     base = degrees[0]
     mib = 2**20
     lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
-             "Variants: the tensor-parallel degree; `sp` = with sequence parallelism; `spr` = with it and "
-             "`sequence_parallel_regather=true`.", "",
+             "Variants: the tensor-parallel degree; `sp` = with sequence parallelism and "
+             "`sequence_parallel_regather=false`; `spr` = with it and `sequence_parallel_regather=true` "
+             "(the default).", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
              f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
              f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",

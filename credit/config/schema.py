@@ -192,9 +192,9 @@ class ParallelismConfig:
     shard_granularity: str = "block"
     # tensor > 1: the transformer stages' rows split over the tp ranks (crossformer, wxformer_next)
     sequence_parallel: bool = False
-    # sequence_parallel only: blocks keep just their rows of each gathered input for backward
+    # with sequence_parallel: blocks keep just their rows of each gathered input for backward
     # and gather it again there (less memory, one more all-gather per block)
-    sequence_parallel_regather: bool = False
+    sequence_parallel_regather: bool = True
 
 
 @dataclass

@@ -320,8 +320,6 @@ def validate_config(cfg: DictConfig) -> None:
     _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
     validate_trainer(cfg.trainer)
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
-    _check(cfg.trainer.parallelism.sequence_parallel or not cfg.trainer.parallelism.sequence_parallel_regather,
-           "trainer.parallelism.sequence_parallel_regather", True, "needs trainer.parallelism.sequence_parallel=true")
     if cfg.trainer.parallelism.sequence_parallel:
         _check(cfg.trainer.parallelism.tensor > 1, "trainer.parallelism.sequence_parallel", True,
                "needs trainer.parallelism.tensor > 1 (it splits rows over the tensor-parallel ranks)")

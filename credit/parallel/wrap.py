@@ -114,7 +114,7 @@ def parallelize_model(
     deterministic: bool = False,
     spectral_norm_tp: str = "shard",
     sequence_parallel: bool = False,
-    sequence_regather: bool = False,
+    sequence_regather: bool = True,
 ) -> nn.Module:
     """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
 

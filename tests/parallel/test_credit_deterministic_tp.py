@@ -12,28 +12,15 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from tp_step import full, step_with_dropout
+from tp_step import TINY_CREDIT, TINY_MODELS, full, step_with_dropout, tiny_batch
 from launcher import run_ranks
 from torch.distributed.tensor import DTensor
 
 from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
 
-COMMON = dict(image_height=16, image_width=32, frames=1, channels=2, levels=2, surface_channels=1,
-              input_only_channels=2, output_only_channels=1, dim=[64, 128, 256, 512], depth=[1, 1, 1, 1],
-              dim_head=32, local_window_size=[2, 2, 2, 1], global_window_size=[2, 2, 1, 1],
-              cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
-              attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
-MODELS = {
-    "crossformer": dict(type="crossformer",
-                        padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
-    "wxformer_next": dict(type="wxformer_next", col_attn_heads=2, num_spectral_nodes=8),
-}
-
-
-def _batch(n: int) -> torch.Tensor:
-    i = torch.arange(n * 7 * 16 * 32, dtype=torch.float64)
-    return torch.sin(i * 0.37).view(n, 7, 1, 16, 32).float()
+COMMON = {**TINY_CREDIT, "dim": [64, 128, 256, 512]}
+MODELS = TINY_MODELS
 
 
 def tp_matches_serial(names: list[str]) -> dict[str, list[str]]:
@@ -44,7 +31,7 @@ def tp_matches_serial(names: list[str]) -> dict[str, list[str]]:
         kind, values = resolve_credit_model({**COMMON, **MODELS[name]})
         model = build_credit_model(kind, values, "deterministic").train()
         serial = copy.deepcopy(model)
-        x = _batch(2)
+        x = tiny_batch(2)
         ref_loss, ref_y = step_with_dropout(serial, x)
         mesh = build_device_mesh(resolve_layout(dist.get_world_size(), "none", dist.get_world_size()), "cpu")
         parallelize_model(model, mesh, "none")

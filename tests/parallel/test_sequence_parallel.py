@@ -20,22 +20,13 @@ import copy
 import pytest
 import torch
 from launcher import run_ranks
-from tp_step import full, step_with_dropout
+from tp_step import TINY_CREDIT, TINY_MODELS, full, step_with_dropout, tiny_batch
 from torch.distributed.tensor import DTensor
 
 from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout, sync_replicated_gradients
 
-COMMON = dict(image_height=16, image_width=32, frames=1, channels=2, levels=2, surface_channels=1,
-              input_only_channels=2, output_only_channels=1, depth=[1, 1, 1, 1],
-              dim_head=32, local_window_size=[2, 2, 2, 1], global_window_size=[2, 2, 1, 1],
-              cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
-              attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
-MODELS = {
-    "crossformer": dict(type="crossformer",
-                        padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
-    "wxformer_next": dict(type="wxformer_next", col_attn_heads=2, num_spectral_nodes=8),
-}
+COMMON, MODELS = TINY_CREDIT, TINY_MODELS
 WIDTHS = {2: [64, 128, 256, 512], 4: [128, 256, 512, 1024]}  # whole heads and 32-wide parts per rank
 
 
@@ -43,11 +34,6 @@ WIDTHS = {2: [64, 128, 256, 512], 4: [128, 256, 512, 1024]}  # whole heads and 3
 # whole strides of the first cross-embedding, the row left over on the last rank
 ODD_ROWS = {"crossformer_odd_rows": dict(type="crossformer", image_height=17, padding_conf=dict(
     activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0]))}
-
-
-def _batch(n: int, height: int = 16) -> torch.Tensor:
-    i = torch.arange(n * 7 * height * 32, dtype=torch.float64)
-    return torch.sin(i * 0.37).view(n, 7, 1, height, 32).float()
 
 
 def _rows_seen(model: torch.nn.Module) -> tuple[list[int], list[int]]:
@@ -67,7 +53,7 @@ def _compare(name: str, gemm: str, dp: int, tp: int, **options) -> dict:
     settings = {**COMMON, "dim": WIDTHS[tp], "attn_dropout": dropout, "ff_dropout": dropout,
                 **{**MODELS, **ODD_ROWS}[name]}
     kind, values = resolve_credit_model(settings)
-    batch = _batch(2, settings["image_height"])
+    batch = tiny_batch(2, settings["image_height"])
     model = build_credit_model(kind, values, gemm).train()
     serial = copy.deepcopy(model)
     ref_loss, ref_y = step_with_dropout(serial, batch)
