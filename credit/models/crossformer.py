@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from credit.models.credit_layers import (CrossEmbedLayer, Transformer, UpBlockPS, check_windows,
-                                         encoder_grids, output_head, resize)
+from credit.models.credit_convs import CrossEmbedLayer, UpBlockPS, output_head, resize
+from credit.models.credit_layers import Transformer, check_windows, encoder_grids
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.dropout import IndexedDropout
 from credit.parallel.sequence import gather_rows

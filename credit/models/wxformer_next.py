@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.kernels.gemm._ops import linear_local
-from credit.models.credit_layers import (UpBlockPS, check_windows, encoder_grids, output_head, resize,
-                                          stage_multiple)
+from credit.models.credit_convs import UpBlockPS, output_head, resize
+from credit.models.credit_layers import check_windows, encoder_grids, stage_multiple
 from credit.models.crossformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
 from credit.models.det_layers import channel_affine
 from credit.models.modes import layer_kit

@@ -128,7 +128,8 @@ def test_deterministic_mode_calls_no_op_that_scatters_with_atomics_on_cuda(name)
 
 
 def test_deterministic_resize_and_position_bias_gather_are_torchs_up_to_rounding():
-    from credit.models.credit_layers import gather_position_bias, relative_bias_indices, resize
+    from credit.models.credit_convs import resize
+    from credit.models.credit_layers import gather_position_bias, relative_bias_indices
 
     x = torch.randn(2, 3, 5, 7, requires_grad=True)
     for size in [(10, 14), (8, 21), (3, 4), (5, 9)]:

@@ -26,17 +26,17 @@ def _train(nproc: int, *overrides: str) -> str:
 
 
 def test_whole_model_on_rows_trains_like_one_process(tiny_data, tmp_path):
-    base = tiny_data_overrides(tiny_data, *CROSSFORMER, "trainer.max_steps=8", "data.valid_samples=4",
+    base = tiny_data_overrides(tiny_data, *CROSSFORMER, "trainer.max_steps=6", "data.valid_samples=4",
                                "trainer.optimizer.lr=2e-4",  # a calm run: chaotic losses would amplify rounding
-                               "trainer.checkpoint.every_n_steps=4")
+                               "trainer.checkpoint.every_n_steps=3")
     _train(1, *base, "trainer.batch_size=4", f"run_dir={tmp_path / 'serial'}")
     log = _train(4, *base, "parallelism=fsdp2_tp2", "trainer.parallelism.sequence_parallel=true",
                  "trainer.batch_size=2", f"run_dir={tmp_path / 'sp'}")
     assert "4 of 4 stages shard their rows; the whole model runs on rows" in log, log[-2000:]
     check = subprocess.run([*CHECK, str(tmp_path / "serial"), str(tmp_path / "sp"), "--rtol", "1e-5"],
                            capture_output=True, text=True, env=ENV, timeout=120)
-    assert check.stdout.startswith("PASS: 8 steps match"), check.stdout
+    assert check.stdout.startswith("PASS: 6 steps match"), check.stdout
     # the same parameters as without sequence parallelism: resume at dp4, tp1
-    resumed = _train(4, *base, "parallelism=fsdp2", "trainer.max_steps=10", "trainer.batch_size=1",
+    resumed = _train(4, *base, "parallelism=fsdp2", "trainer.max_steps=7", "trainer.batch_size=1",
                      f"run_dir={tmp_path / 'sp'}")
-    assert "resumed from" in resumed and "step_00000008" in resumed, resumed[-2000:]
+    assert "resumed from" in resumed and "step_00000006" in resumed, resumed[-2000:]
