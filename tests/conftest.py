@@ -51,6 +51,8 @@ HEAVY = {
     "parallel/test_deterministic_tp.py",
     "parallel/test_distributed_training.py",
     "parallel/test_seeding_and_sampling.py",
+    "parallel/test_sequence_parallel.py",
+    "parallel/test_sequence_parallel_training.py",
     "parallel/test_shard_local_optimizers.py",
     "parallel/test_spectral_norm_tp.py",
     "parallel/test_tp_numerics.py",
@@ -66,11 +68,25 @@ HEAVY = {
 }
 
 
+# The longest files (minutes each on 2 cores), collected first: pytest-xdist's loadfile hands
+# out files in collection order, so the two workers start on these and end together instead of
+# one worker starting a four-minute file last.
+LONGEST_FIRST = (
+    "train/test_deterministic_training.py",
+    "manual/test_gpu_kit.py",
+    "parallel/test_deterministic_tp.py",
+    "rollout/test_default_skill.py",
+    "diagnostics/test_sdc_training.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).parent
-    missing = sorted(p for p in HEAVY if not (root / p).is_file())
+    missing = sorted(p for p in (*HEAVY, *LONGEST_FIRST) if not (root / p).is_file())
     if missing:
         raise pytest.UsageError(f"tests/conftest.py HEAVY names files that do not exist: {missing}")
     for item in items:
         if item.path.relative_to(root).as_posix() in HEAVY:
             item.add_marker(pytest.mark.heavy)
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
