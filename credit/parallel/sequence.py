@@ -13,7 +13,10 @@ A stage runs sequence-parallel when its rows split evenly over the tp ranks (and
 GEMM's reduction tree, which is what keeps the bits of one process); otherwise it runs as
 plain tensor parallelism. The model says which modules are stages and their grids
 (`_sequence_grid`, the (H, W) a stage works on); the parallelizer decides here and marks
-every module under a chosen stage that declares a `sequence_mesh` attribute.
+every module under a chosen stage that declares a `sequence_mesh` attribute. A model that
+can run whole on rows (`sequence_rows_fit`: crossformer's convolutions with halo rows, in
+fast mode) is marked whole when every stage splits: then nothing is gathered between the
+input and the output.
 
 Hand-written autograd functions (not `torch.distributed.nn`) because the backward of a
 gather depends on who already summed the gradient: after a deterministic column-parallel
@@ -263,7 +266,8 @@ def _mark(root: nn.Module, tp_mesh: DeviceMesh, regather: bool) -> None:
     for module in root.modules():
         if hasattr(module, "sequence_mesh"):
             module.sequence_mesh = tp_mesh
-            module.sequence_regather = regather
+            if hasattr(module, "sequence_regather"):  # the blocks that gather their inputs
+                module.sequence_regather = regather
 
 
 def _whole_model_problem(model: nn.Module, tp: int, deterministic: bool, skipped: list[str]) -> str | None:
