@@ -1,4 +1,4 @@
-"""The `credit` command: train | rollout | check | convert-checkpoint | data generate|stats | sdc-probe."""
+"""The `credit` command: train | rollout | check | plan | convert-checkpoint | data generate|stats | sdc-probe."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ commands:
                                  forecasts from a checkpoint of the run (same overrides as train, plus
                                  rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
+  plan [--gpus 1,2,4,8] [--gpu-memory 80] [--global-batch B] [--grid NLATxNLON]
+       [--credit-config CREDIT.yml] [KEY=VALUE ...]
+                                 per-rank memory and communication of every (dp, tp, sequence-parallel,
+                                 FSDP2/DDP) layout on N GPUs, traced under fake tensors (nothing runs
+                                 for real); the layouts that fit (credit plan --help)
   convert-checkpoint --credit-config CREDIT.yml CHECKPOINT.pt OUT [KEY=VALUE ...]
                                  write a checkpoint of NCAR CREDIT (its trainer's file, a bare or
                                  DDP/FSDP-prefixed state dict) as a weights-only DCP checkpoint OUT
@@ -220,6 +225,16 @@ def _check(overrides: Sequence[str]) -> int:
     return 0
 
 
+def _plan(args: Sequence[str]) -> int:
+    from credit.config import ConfigError
+    from credit.plan import main as plan_main
+
+    try:
+        return plan_main(args)
+    except (ConfigError, ValueError, FileExistsError, FileNotFoundError) as error:
+        return _fail(str(error))
+
+
 def _convert(args: Sequence[str]) -> int:
     credit_config = None
     if args[:1] == ["--credit-config"]:
@@ -344,6 +359,8 @@ def _dispatch(args: list[str]) -> int:
         return _rollout(rest)
     if command == "check":
         return _check(rest)
+    if command == "plan":
+        return _plan(rest)
     if command == "convert-checkpoint":
         return _convert(rest)
     if command == "sdc-probe":
@@ -360,7 +377,7 @@ def _dispatch(args: list[str]) -> int:
         return _fail("usage: credit data generate --out DIR [...] | credit data stats [--overwrite] "
                      "[KEY=VALUE ...]")
     return _fail(
-        f"unknown command {command!r}; commands: train, rollout, check, convert-checkpoint, "
+        f"unknown command {command!r}; commands: train, rollout, check, plan, convert-checkpoint, "
         f"data generate, data stats, sdc-probe"
     )
 

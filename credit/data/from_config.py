@@ -66,28 +66,40 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
 
 
 def model_layout(data: DictConfig, dataset: ERA5Dataset | None = None) -> dict[str, Any]:
-    """The data layout `build_model` needs (channel counts, history, grid), read from one
-    sample of `dataset` (default: the training dataset of `data`)."""
+    """The data layout `build_model` needs (channel counts, history, grid): the variables and
+    levels of `data.*` on the grid of `dataset` (default: the training dataset of `data`)."""
     if dataset is None:
         dataset = build_dataset(data, "train_period")
-    sample = dataset[0]
+    v = data.variables
+    return layout_from_counts(
+        upper_air=len(v.upper_air), levels=len(data.levels), surface=len(v.surface),
+        forcing=len(v.forcing), static=len(v.static), diagnostic=len(v.diagnostic),
+        history_len=data.history_len, grid=tuple(dataset.grid_shape),
+    )
+
+
+def layout_from_counts(*, upper_air: int, levels: int, surface: int, forcing: int, static: int,
+                       diagnostic: int, history_len: int, grid: tuple[int, int]) -> dict[str, Any]:
+    """`model_layout` from variable counts: the layout of a sample whose state holds
+    `upper_air` x `levels` + `surface` channels per input time (`credit.data.dataset`),
+    also for `credit plan`, which reads no data."""
+    levels = levels if upper_air else 0
+    state = upper_air * levels + surface
     return dict(
-        in_channels=sample["state"].shape[0] * sample["state"].shape[1]
-        + sample["forcing"].shape[1]
-        + sample["static"].shape[0],
-        out_channels=sample["target"].shape[1],
-        state_channels=len(dataset.state_channel_names),
-        history_len=data.history_len,
-        grid=tuple(dataset.grid_shape),
+        in_channels=state * history_len + forcing + static,
+        out_channels=state + diagnostic,
+        state_channels=state,
+        history_len=history_len,
+        grid=tuple(grid),
         # CREDIT's channel counts (credit.models.inputs documents the order)
         credit_channels=dict(
-            channels=len(dataset.variables.upper_air),
-            levels=len(dataset.levels) if dataset.variables.upper_air else 0,
-            surface_channels=len(dataset.variables.surface),
-            input_only_channels=len(dataset.variables.forcing) + len(dataset.variables.static),
-            output_only_channels=len(dataset.variables.diagnostic),
-            frames=data.history_len,
-            image_height=dataset.grid_shape[0],
-            image_width=dataset.grid_shape[1],
+            channels=upper_air,
+            levels=levels,
+            surface_channels=surface,
+            input_only_channels=forcing + static,
+            output_only_channels=diagnostic,
+            frames=history_len,
+            image_height=grid[0],
+            image_width=grid[1],
         ),
     )

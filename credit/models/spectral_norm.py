@@ -47,7 +47,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _block_of(weight: torch.Tensor) -> tuple[torch.Tensor, Block, Callable[[torch.Tensor], torch.Tensor]]:
     """(local tensor, where it lies in W, how to wrap a local result like `weight`)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if not isinstance(weight, DTensor):
         return weight, WHOLE, lambda t: t
@@ -64,8 +63,11 @@ def _block_of(weight: torch.Tensor) -> tuple[torch.Tensor, Block, Callable[[torc
     if isinstance(placement, Replicate):
         return weight.to_local(), WHOLE, wrap
     if isinstance(placement, Shard) and placement.dim in (0, 1) and weight.dim() == 2:
-        _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, placements)
-        block = Block("rows" if placement.dim == 0 else "cols", offset[placement.dim], mesh.get_group())
+        # DTensor splits like torch.chunk: ceil(n / ranks) rows or columns a rank, the last may hold
+        # fewer (plain arithmetic, no tensors: it also runs under `credit plan`'s fake tensors)
+        whole, ranks = weight.shape[placement.dim], mesh.size()
+        offset = min(mesh.get_local_rank() * -(-whole // ranks), whole)
+        block = Block("rows" if placement.dim == 0 else "cols", offset, mesh.get_group())
         return weight.to_local(), block, wrap
     raise NotImplementedError(f"spectral norm: weight placement {placement} on a {weight.dim()}-D "
                               f"weight is not supported (Shard(0), Shard(1) of a Linear, or Replicate)")

@@ -185,12 +185,12 @@ def saving_rows_only(local: torch.Tensor, full: torch.Tensor, mesh: DeviceMesh,
     their input between forward and backward instead of all of it, for one more all-gather.
     Not for use under activation checkpointing, which recomputes the gather anyway."""
     gathered = full._local_tensor if isinstance(full, DTensor) else full
-    storage = gathered.untyped_storage().data_ptr()
+    storage = gathered.untyped_storage()._cdata  # the storage itself (fake tensors have no addresses)
     rows, group, regathered = local.detach(), mesh.get_group(), {}
 
     def pack(t: torch.Tensor) -> object:
         base = t._local_tensor if isinstance(t, DTensor) else t
-        if base.untyped_storage().data_ptr() != storage:
+        if base.untyped_storage()._cdata != storage:
             return t
         layout = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None
         return _Regather(base.shape, base.stride(), base.storage_offset(), layout)

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from credit.checkpoint.config_check import check_resume_config
@@ -35,29 +34,18 @@ from credit.data import (
     model_layout,
     recycled,
 )
-from credit.kernels.gemm._tree import tree_sum
 from credit.models import EMA, advance_spectral_norm, build_model
 from credit.models.dropout import dropout_step
-from credit.parallel.exact_norm import clip_grad_norm_exact_
-from credit.parallel.tree_reduce import tree_all_reduce_gradients
-from credit.parallel import (
-    Runtime,
-    clip_grad_norm_,
-    parallelize_model,
-    seed_for_init,
-    seed_for_step,
-    sync_replicated_gradients,
-)
-from credit.train.deterministic import forecast_sample_sums, global_loss
-from credit.train.elementwise_adamw import ElementwiseAdamW
-from credit.train.shard_local import ShardLocalAdamW
-from credit.train.forecast import forecast_loss
+from credit.parallel import Runtime, seed_for_init, seed_for_step
+from credit.train.deterministic import global_loss
 from credit.train.losses import WeightedMSE, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
+from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
 from credit.train.memory import PeakMemory, mib
 from credit.train.progress import TrainingProgress
 from credit.train.schedule import warmup_cosine
 from credit.train.sdc_response import SDCResponse
+from credit.train.step import backward_micro_batch, update_parameters
 from credit.train.validation import evaluate, output_channel_variables
 
 log = logging.getLogger(__name__)
@@ -131,20 +119,7 @@ class Trainer:
                                    world_size=rt.layout.world_size if rt.layout else 1)
             self.sdc.attach_compute(self.model)  # before TP: it taps each Linear's own output
         if rt.mesh is not None:
-            par = cfg.trainer.parallelism
-            parallelize_model(
-                self.model,
-                rt.mesh,
-                par.data,
-                activation_checkpointing=par.activation_checkpointing,
-                mixed_precision=par.mixed_precision,
-                reshard_after_forward=par.reshard_after_forward,
-                shard_granularity=par.shard_granularity,
-                deterministic=self.deterministic,
-                spectral_norm_tp=cfg.model.spectral_norm_tp,
-                sequence_parallel=par.sequence_parallel,
-                sequence_regather=par.sequence_parallel_regather,
-            )
+            parallelize_for_training(self.model, rt.mesh, cfg)
         if self.sdc is not None:
             self.sdc.attach(self.model)
             log.info("%s", self.sdc.describe())
@@ -153,16 +128,7 @@ class Trainer:
 
     def _build_optimization(self) -> None:
         trainer, rt = self.cfg.trainer, self.runtime
-        opt = trainer.optimizer
-        adamw = ElementwiseAdamW if self.deterministic else ShardLocalAdamW
-        self.optimizer = adamw(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=tuple(opt.betas),
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
-        self._choose_foreach()
+        self.optimizer = build_optimizer(self.model, trainer.optimizer, self.deterministic)
         sched = trainer.scheduler
         self.scheduler = warmup_cosine(
             self.optimizer, sched.warmup_steps, trainer.max_steps, sched.min_lr_ratio
@@ -182,15 +148,6 @@ class Trainer:
             seed=trainer.seed,
         )
         self.progress = Progress(global_batch_size=self.sampler.global_batch_size)
-
-    def _choose_foreach(self) -> None:
-        """Batch the optimizer update into a few calls (torch picks foreach on GPU only),
-        except where DTensor's foreach ops refuse a mix of DTensors and plain tensors
-        (tensor parallelism without data parallelism). Set per parameter group, and again
-        after a resume, since optimizer state dicts carry the flag of the run that saved them."""
-        kinds = {isinstance(p, DTensor) for p in self.model.parameters()}
-        for group in self.optimizer.param_groups:
-            group["foreach"] = len(kinds) == 1
 
     def _build_loaders(self) -> None:
         data = self.cfg.data
@@ -233,7 +190,7 @@ class Trainer:
         )
         self.progress = resume_training(path, run)
         self._apply_config_hyperparameters()
-        self._choose_foreach()
+        choose_foreach(self.model, self.optimizer)  # the checkpoint's groups carry the saving run's flag
 
     def _report_skipped(self) -> None:
         """data.nonfinite=skip_sample: how many training samples this job passed over."""
@@ -304,17 +261,9 @@ class Trainer:
         loss_value = self._step_loss(losses)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
             return self._non_finite(loss_value, started)
-        if rt.mesh is not None:
-            if self.deterministic and trainer.parallelism.data == "ddp":
-                tree_all_reduce_gradients(list(self.model.parameters()), rt.mesh["dp"].get_group())
-            sync_replicated_gradients(self.model, rt.mesh["tp"])
-        max_norm = trainer.grad_clip if trainer.grad_clip > 0 else math.inf
-        if self.deterministic:
-            grad_norm = clip_grad_norm_exact_(self.model.parameters(), max_norm)
-        else:
-            grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
+        grad_norm = float(update_parameters(self.model, self.optimizer, rt.mesh, deterministic=self.deterministic,
+                                            data=trainer.parallelism.data, grad_clip=trainer.grad_clip))
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model)
@@ -343,18 +292,10 @@ class Trainer:
         """Forward and backward of one micro-batch; returns what `_step_loss` combines:
         the micro-batch's mean loss, or in deterministic mode its per-sample sums."""
         accum = self.cfg.trainer.grad_accum_steps
-        if not self.deterministic:
-            loss = forecast_loss(self.model, batch, self.loss_fn)
-            (loss / accum).backward()
-            return loss.detach()
-        sums = forecast_sample_sums(self.model, batch, self.loss_fn.weight)
-        # every sample's backward seed: 1 / (global batch x elements x forecast steps),
-        # the same constant in every layout (and no averaging over dp afterwards)
-        target = batch["target"]
-        global_batch = self.sampler.global_batch_size * accum
-        self._loss_scale = 1.0 / (global_batch * target[0, 0].numel() * target.shape[1])
-        (tree_sum(list(sums.unbind(0))) * self._loss_scale).backward()
-        return sums.detach()
+        loss, self._loss_scale = backward_micro_batch(
+            self.model, batch, self.loss_fn, accum=accum, deterministic=self.deterministic,
+            step_samples=self.sampler.global_batch_size * accum)
+        return loss
 
     def _step_loss(self, losses: list[torch.Tensor]) -> float:
         """The step's loss, the same on every rank: the mean over micro-batches and dp

@@ -1,0 +1,126 @@
+"""One training step of one layout, traced on one process standing for one rank of N.
+
+torch's fake process group (backend "fake") answers every collective at once, and
+FakeTensorMode gives tensors shapes, dtypes and devices but no memory. The model is built on
+the meta device, parallelised exactly as `credit train` does it (`parallelize_for_training`),
+made fake (`to_empty`), and one step of the trainer's own arithmetic (`credit.train.step`)
+runs under `StorageBytes` (the bytes of live tensor storage: what is held between steps, and
+the peak) and `CommVolume` (DTensor's comm-debug mode with the bytes sent per process group).
+
+The traced rank is the last: its tensor-parallel coordinate is the last, which holds the
+leftover row when sequence parallelism splits an odd number of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from credit.models import EMA, advance_spectral_norm, build_model
+from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, deterministic_spectral_norm, resolve_layout
+from credit.plan.comm import CommVolume
+from credit.plan.memory import StorageBytes
+from credit.plan.shapes import SampleShapes
+from credit.train.losses import WeightedMSE
+from credit.train.setup import build_optimizer, parallelize_for_training
+from credit.train.step import backward_micro_batch, update_parameters
+
+
+@dataclass
+class StepTrace:
+    """What one rank holds and sends in a training step (bytes)."""
+
+    params: int  # this rank's parameters (its shards)
+    grads: int
+    optimizer: int
+    held: int  # every tensor held between steps: parameters, optimizer state, buffers, EMA
+    peak: int  # the most held at once during the step
+    sent: dict[str, float] = field(default_factory=dict)  # per process group: "tp", "dp", "dp×tp"
+    collectives: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def activation(self) -> int:
+        """The step's own memory: activations, gradients, gathered parameters, temporaries."""
+        return self.peak - self.held
+
+
+@contextmanager
+def fake_process_group(world: int) -> Iterator[None]:
+    """The last rank of a fake group of `world` ranks (nothing when `world` is 1)."""
+    if dist.is_initialized():
+        raise RuntimeError("credit plan runs in one process, outside any process group (not under torchrun)")
+    if world == 1:
+        yield
+        return
+    dist.init_process_group("fake", rank=world - 1, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _local_bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
+    """Trace one step of `cfg` (its `trainer.parallelism` and `trainer.batch_size` per rank)
+    on `world` ranks. Raises ConfigError or ValueError for a layout that cannot run."""
+    par, trainer = cfg.trainer.parallelism, cfg.trainer
+    deterministic = cfg.model.gemm == "deterministic"
+    layout = resolve_layout(world, par.data, par.tensor,
+                            deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
+    with fake_process_group(world):
+        mesh = build_device_mesh(layout, "cpu") if world > 1 else None
+        with torch.device("meta"):
+            model = build_model(cfg.model, **shapes.layout())
+        labels = {}
+        if mesh is not None:
+            parallelize_for_training(model, mesh, cfg)
+            # a group of every rank is the tp (or dp) group itself when dp (or tp) is 1: named so
+            labels = {all_ranks_mesh(mesh).get_group().group_name: "dp×tp",
+                      mesh["dp"].get_group().group_name: "dp", mesh["tp"].get_group().group_name: "tp"}
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            model.train()
+            ema = EMA(model, trainer.ema.decay) if trainer.ema.enabled else None
+            optimizer = build_optimizer(model, trainer.optimizer, deterministic)
+            for p in model.parameters():  # Adam's moments exist from the first step on
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic
+            loss_fn = WeightedMSE(torch.ones(grid[0]), torch.ones(channels))
+            memory, comm = StorageBytes(), CommVolume(labels)
+            memory.hold(model, optimizer, loss_fn, list(ema.shadow.values()) if ema else [])
+            held = memory.current
+            with memory, comm:
+                memory.reset_peak()
+                advance_spectral_norm(model)
+                for _ in range(trainer.grad_accum_steps):
+                    batch = {key: torch.empty(shape) for key, shape in shapes.batch(trainer.batch_size).items()}
+                    backward_micro_batch(model, batch, loss_fn, accum=trainer.grad_accum_steps,
+                                         deterministic=deterministic,
+                                         step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps)
+                    del batch
+                update_parameters(model, optimizer, mesh, deterministic=deterministic, data=par.data,
+                                  grad_clip=trainer.grad_clip)
+                if ema is not None:
+                    ema.update(model)
+            params = list(model.parameters())
+            state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+            return StepTrace(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params if p.grad is not None),
+                             optimizer=_local_bytes(state), held=held, peak=memory.peak,
+                             sent=dict(comm.sent), collectives=dict(comm.calls))

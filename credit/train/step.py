@@ -1,0 +1,54 @@
+"""The arithmetic of one optimizer step, shared by the trainer and `credit plan` (which
+traces it under fake tensors to estimate a layout's memory and communication)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from credit.kernels.gemm._tree import tree_sum
+from credit.parallel import clip_grad_norm_, sync_replicated_gradients
+from credit.parallel.exact_norm import clip_grad_norm_exact_
+from credit.parallel.tree_reduce import tree_all_reduce_gradients
+from credit.train.deterministic import forecast_sample_sums
+from credit.train.forecast import forecast_loss
+from credit.train.losses import WeightedMSE
+
+
+def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: WeightedMSE, *,
+                         accum: int, deterministic: bool, step_samples: int) -> tuple[torch.Tensor, float | None]:
+    """Forward and backward of one micro-batch. Returns (what the step's loss combines, the
+    backward seed): the micro-batch's mean loss and None, or in deterministic mode its
+    per-sample sums and the seed 1 / (`step_samples` x elements x forecast steps), the
+    same constant in every layout (`step_samples`: every sample of the optimizer step,
+    over micro-batches and dp replicas; no averaging over dp afterwards)."""
+    if not deterministic:
+        loss = forecast_loss(model, batch, loss_fn)
+        (loss / accum).backward()
+        return loss.detach(), None
+    sums = forecast_sample_sums(model, batch, loss_fn.weight)
+    target = batch["target"]
+    scale = 1.0 / (step_samples * target[0, 0].numel() * target.shape[1])
+    (tree_sum(list(sums.unbind(0))) * scale).backward()
+    return sums.detach(), scale
+
+
+def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh | None, *,
+                      deterministic: bool, data: str, grad_clip: float) -> torch.Tensor | float:
+    """After backward: synchronise gradients (the rank-order tree over dp for deterministic
+    ddp; the tp replicas), clip them (`grad_clip` <= 0: no clipping) and step the optimizer.
+    Returns the global gradient norm before clipping."""
+    if mesh is not None:
+        if deterministic and data == "ddp":
+            tree_all_reduce_gradients(list(model.parameters()), mesh["dp"].get_group())
+        sync_replicated_gradients(model, mesh["tp"])
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    if deterministic:
+        grad_norm = clip_grad_norm_exact_(model.parameters(), max_norm)
+    else:
+        grad_norm = clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    return grad_norm

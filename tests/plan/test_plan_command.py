@@ -1,0 +1,58 @@
+"""`credit plan` as a user runs it: the table, the layouts that fit, its file, and one clear
+error line for each bad input (nothing written)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+CROSSFORMER = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
+               "model.dim=[16,32,64,128]", "trainer.batch_size=1"]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "credit.cli", "plan", "--no-progress", *args],
+                          capture_output=True, text=True, env=ENV, timeout=600, cwd=REPO)
+
+
+def test_plan_prints_every_layout_and_what_fits(tmp_path):
+    out = tmp_path / "plan.md"
+    result = _plan("--gpus", "1,2", "--grid", "16x32", "--gpu-memory", "0.05", "--out", str(out), *CROSSFORMER)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout
+    rows = [line for line in table.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    # one process; dp2 fsdp2 / ddp; tp2 with and without sequence parallelism, fsdp2 / ddp
+    assert len(rows) == 7, table
+    assert any("dp1×tp2+sp" in row for row in rows)
+    assert "- 2 GPUs: fit:" in table or "- 2 GPUs: no layout fits." in table
+    assert out.read_text() == table
+    # the file is never overwritten
+    again = _plan("--gpus", "1", "--grid", "16x32", "--out", str(out), *CROSSFORMER)
+    assert again.returncode == 2 and "already exists" in again.stderr and out.read_text() == table
+
+
+def test_plan_reads_the_model_of_a_credit_config():
+    result = _plan("--gpus", "1", "--credit-config", "benchmarks/configs/crossformer_0.25deg.yml",
+                   "--global-batch", "1")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| 1 "))
+    peak = float(row.split("|")[10])
+    assert 20 < peak < 80, row  # CREDIT's 0.25° crossformer, one sample in fp32: tens of GiB
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "0"], "--gpus '0'"),
+    (["--gpus", "2", *CROSSFORMER], "needs the grid"),
+    (["--gpus", "2", "--grid", "16x32", "model.gemm=deterministic", *CROSSFORMER], "model.gemm=fast"),
+    (["--gpus", "2", "--grid", "16x32", "trainer.nonsense=1"], "nonsense"),
+    (["--credit-config", "missing.yml"], "missing.yml"),
+])
+def test_bad_input_is_one_error_line(args, message):
+    result = _plan(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
