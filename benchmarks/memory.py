@@ -10,7 +10,10 @@ launch trains on a generated dataset of the chosen grid and reports, max over it
   it (the parameters, gradients, optimizer state and loader buffers are held before the step);
 - peak resident set during a step;
 - bytes of parameters, gradients and optimizer state this rank holds (local shards);
-- the median step time.
+- the median step time;
+- `credit plan`'s estimate of the activation memory (`credit.plan.trace`: the same step traced
+  under fake tensors, its step memory less the gradients, which the resident set before a step
+  still holds), beside the measured one.
 Variants are launched in rounds (1, 2, 4, 2sp, 4sp, 1, 2, ...) so every variant sees the
 same machine state; each figure is the median over the rounds.
 
@@ -73,11 +76,7 @@ def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
     from credit.train.memory import PeakMemory
     from credit.train.trainer import Trainer
 
-    tp, sequence, regather = _parse(variant)
-    cfg = compose_config([*MODEL, *COMMON, *overrides, f"trainer.parallelism.tensor={tp}",
-                          f"trainer.parallelism.sequence_parallel={str(sequence).lower()}",
-                          f"trainer.parallelism.sequence_parallel_regather={str(regather).lower()}",
-                          "trainer.parallelism.data=none", f"run_dir={tempfile.mkdtemp()}"])
+    cfg = compose_config([*MODEL, *COMMON, *overrides, *_config_overrides(variant), f"run_dir={tempfile.mkdtemp()}"])
     trainer = Trainer(cfg, build_runtime(cfg))
     trainer.setup()
     trainer.model.train()
@@ -117,6 +116,23 @@ def _parse(variant: str) -> tuple[int, bool, bool]:
     if not digits.isdigit() or (sequence and int(digits) < 2):
         raise SystemExit(f"--tp {variant}: a degree, optionally followed by sp or spr (degree >= 2)")
     return int(digits), sequence, regather
+
+
+def _config_overrides(variant: str) -> list[str]:
+    tp, sequence, regather = _parse(variant)
+    return [f"trainer.parallelism.tensor={tp}", f"trainer.parallelism.sequence_parallel={str(sequence).lower()}",
+            f"trainer.parallelism.sequence_parallel_regather={str(regather).lower()}", "trainer.parallelism.data=none"]
+
+
+def estimate(variant: str, grid: tuple[int, int], overrides: list[str]) -> float:
+    """`credit plan`'s activation bytes for a variant, defined as measured here."""
+    from credit.config import compose_config
+    from credit.plan.shapes import sample_shapes
+    from credit.plan.trace import trace_step
+
+    cfg = compose_config([*MODEL, *COMMON, *overrides, *_config_overrides(variant)])
+    trace = trace_step(cfg, sample_shapes(cfg, grid), _parse(variant)[0])
+    return float(trace.activation - trace.grads)
 
 
 def _launch(variant: str, steps: int, overrides: list[str], result: str) -> None:
@@ -164,6 +180,9 @@ def main() -> None:
                 _launch(tp, args.steps, overrides, result)
                 runs[tp].append(json.loads(Path(result).read_text()))
 
+    grid = tuple(int(n) for n in args.grid.split("x"))
+    planned = {tp: estimate(tp, grid, [o for o in overrides if not o.startswith("data.root=")]) for tp in degrees}
+
     def med(tp: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[tp])
 
@@ -172,15 +191,17 @@ def main() -> None:
     lines = [f"# Per-rank memory of a training step by tensor-parallel degree ({args.grid}, batch 1)", "",
              "Variants: the tensor-parallel degree; `sp` = with sequence parallelism and "
              "`sequence_parallel_regather=false`; `spr` = with it and `sequence_parallel_regather=true` "
-             "(the default).", "",
+             "(the default). plan: `credit plan`'s traced estimate of the same step's activation memory "
+             "(its step memory less the gradients, which the resident set before the step still holds).", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 per rank, gloo; "
              f"{args.rounds} rounds of tp {', '.join(map(str, degrees))} (launches interleaved), "
              f"{args.steps} measured steps each after one warm-up; medians over the rounds, max over ranks.", "",
-             f"| tp | activation MiB | / tp{base} | peak RSS MiB | params MiB | grads MiB | optimizer MiB "
-             f"| step s | / tp{base} |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| tp | activation MiB | / tp{base} | plan MiB | plan / measured | peak RSS MiB | params MiB "
+             f"| grads MiB | optimizer MiB | step s | / tp{base} |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for tp in degrees:
         lines.append(f"| {tp} | {med(tp, 'activation') / mib:.0f} | {med(tp, 'activation') / med(base, 'activation'):.2f} "
+                     f"| {planned[tp] / mib:.0f} | {planned[tp] / med(tp, 'activation'):.2f} "
                      f"| {med(tp, 'peak_rss') / mib:.0f} | {med(tp, 'params') / mib:.1f} | {med(tp, 'grads') / mib:.1f} "
                      f"| {med(tp, 'optimizer') / mib:.1f} | {med(tp, 'step_s'):.2f} "
                      f"| {med(tp, 'step_s') / med(base, 'step_s'):.2f} |")

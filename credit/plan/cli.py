@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
+
+from credit.plan.report import plan_rows, render
 
 USAGE = """credit plan [--gpus 1,2,4,8] [--gpu-memory 80] [--usable 0.9] [--global-batch B]
                    [--grid NLATxNLON] [--credit-config CREDIT.yml] [--out FILE.md] [KEY=VALUE ...]"""
@@ -37,8 +40,15 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = _positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in (0, 1]")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one error line from the caller, not usage + message
+    def error(self, message: str) -> NoReturn:  # one error line from the caller, not usage + message
         raise ValueError(f"credit plan: {message} (credit plan --help)")
 
 
@@ -50,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(nothing is allocated or sent); prints a markdown table and the layouts that fit.")
     parser.add_argument("--gpus", type=_counts, default=[1, 2, 4, 8], help="GPU counts (default 1,2,4,8)")
     parser.add_argument("--gpu-memory", type=_positive, default=80.0, help="GiB of one GPU (default 80)")
-    parser.add_argument("--usable", type=_positive, default=0.9,
+    parser.add_argument("--usable", type=_fraction, default=0.9,
                         help="fraction of it a step may peak at: the rest is the CUDA context, communication "
                              "buffers and the allocator's fragmentation (default 0.9)")
     parser.add_argument("--global-batch", type=int, help="samples per optimizer step (default: GPUs x "
@@ -66,13 +76,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Run `credit plan`. A bad argument or config raises ValueError or ConfigError (the
     command prints it as one `error:` line), before anything is traced or written."""
-    from credit.plan.report import plan_rows, render
-
     args = _parser().parse_args(list(argv))
     if args.global_batch is not None and args.global_batch < 1:
         raise ValueError(f"--global-batch {args.global_batch} must be >= 1")
     if args.out is not None and args.out.exists():
         raise FileExistsError(f"{args.out} already exists; refusing to overwrite it (choose a new path)")
+    if args.out is not None and not args.out.parent.is_dir():
+        raise FileNotFoundError(f"--out {args.out}: the folder {args.out.parent} does not exist")
     overrides = list(args.overrides)
     if args.credit_config is not None:
         from credit.checkpoint.from_credit import model_overrides

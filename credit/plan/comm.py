@@ -29,13 +29,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 _GATHER = {"all_gather_into_tensor", "all_gather_into_tensor_coalesced", "all_gather_into_tensor_out"}
-_REDUCE_SCATTER = {"reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "alltoall_", "alltoall_base_",
-                   "all_to_all_single"}
+_REDUCE_SCATTER = {"reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out",
+                   "alltoall_", "alltoall_base_", "all_to_all_single"}
 _ALL_REDUCE = {"allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_", "all_reduce_coalesced",
                "all_reduce_coalesced_"}
+_TO_ONE = {"gather_", "scatter_", "reduce_", "broadcast_", "broadcast"}  # counted as the whole tensor
 # c10d's in-place forms take (output, input, ...): a gather's payload is its input, a
 # reduce-scatter's its output (the input / n)
-_INPUT_SECOND = {"_allgather_base_", "allgather_", "allgather_into_tensor_coalesced_"}
+_INPUT_SECOND = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_"}
 _OUTPUT_FIRST = {"_reduce_scatter_base_", "reduce_scatter_", "reduce_scatter_tensor_coalesced_"}
 
 
@@ -43,16 +44,14 @@ def _bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
 
 
-def _group_of(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dist.ProcessGroup | None:
-    for value in (*args, *kwargs.values()):
+def _group_of(args: Sequence[Any]) -> dist.ProcessGroup | None:
+    """The group of a c10d call (a ProcessGroup argument) or of a functional collective (its
+    last string argument, the group's name)."""
+    for value in args:
         if isinstance(value, torch.ScriptObject) and "ProcessGroup" in value._type().qualified_name():
             return dist.ProcessGroup.unbox(value)
-        if isinstance(value, str):  # functional collectives name their group
-            try:
-                return dist.distributed_c10d._resolve_process_group(value)
-            except (RuntimeError, ValueError, KeyError):
-                continue
-    return None
+    names = [value for value in args if isinstance(value, str)]
+    return dist.distributed_c10d._resolve_process_group(names[-1]) if names else None
 
 
 def ring_bytes(name: str, args: Sequence[Any], ranks: int) -> float:
@@ -64,18 +63,17 @@ def ring_bytes(name: str, args: Sequence[Any], ranks: int) -> float:
     if name in _OUTPUT_FIRST:
         return float((ranks - 1) * _bytes(args[0]))
     payload = _bytes(args[0])
+    if name in _TO_ONE:
+        return float(payload)
     if name in _GATHER:
         return float((ranks - 1) * payload)
     if name in _REDUCE_SCATTER:
         return (ranks - 1) / ranks * payload
-    if name in _ALL_REDUCE:
-        return 2 * (ranks - 1) / ranks * payload
-    return float(payload)
+    return 2 * (ranks - 1) / ranks * payload  # _ALL_REDUCE
 
 
-_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional"}
-_NOT_COLLECTIVES = {"wait_tensor", "_wrap_tensor_autograd", "barrier", "monitored_barrier_", "send", "recv_",
-                    "recv_any_source_"}
+_NAMESPACES = {"c10d", "_c10d_functional"}
+_COLLECTIVES = _GATHER | _REDUCE_SCATTER | _ALL_REDUCE | _TO_ONE | _INPUT_SECOND | _OUTPUT_FIRST
 
 
 class CommVolume(TorchDispatchMode):
@@ -94,8 +92,8 @@ class CommVolume(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         packet = getattr(func, "_overloadpacket", None)
         name = getattr(packet, "__name__", "")
-        if getattr(func, "namespace", None) in _NAMESPACES and name not in _NOT_COLLECTIVES:
-            group = _group_of(args, kwargs or {})
+        if getattr(func, "namespace", None) in _NAMESPACES and name in _COLLECTIVES:
+            group = _group_of(args)
             ranks = group.size() if group is not None else 1
             label = self.labels.get(group.group_name, f"{ranks} ranks") if group is not None else "?"
             self.calls[label] += 1

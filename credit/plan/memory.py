@@ -36,7 +36,7 @@ class StorageBytes(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self._counted: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [bytes, weakref]
-        self._resize = torch.UntypedStorage.resize_
+        self._resize = None  # torch's resize_, while the mode replaces it
         self._fake_mode = None
 
     def hold(self, *objects: Any) -> None:
@@ -74,7 +74,8 @@ class StorageBytes(TorchDispatchMode):
 
     def __enter__(self) -> StorageBytes:
         self._fake_mode = active_fake_mode()
-        resize, counter = self._resize, self
+        resize = self._resize = torch.UntypedStorage.resize_
+        counter = self
 
         @wraps(resize)
         def counted_resize(storage: torch.UntypedStorage, size: int) -> None:
@@ -87,10 +88,15 @@ class StorageBytes(TorchDispatchMode):
                 counter._grow(change)
 
         torch.UntypedStorage.resize_ = counted_resize
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch.UntypedStorage.resize_ = resize
+            raise
 
     def __exit__(self, *args: Any) -> None:
         torch.UntypedStorage.resize_ = self._resize
+        self._resize = None
         super().__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -14,12 +14,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from tqdm import tqdm
 
 from credit.config import ConfigError, compose_config
 from credit.config.validate import SEQUENCE_PARALLEL_MODELS
-from credit.plan.shapes import sample_shapes
-from credit.plan.trace import StepTrace, trace_step
+from credit.models import build_model
+from credit.plan.shapes import SampleShapes, sample_shapes
+from credit.plan.trace import StepTrace, check_traceable, trace_step
 
 GIB = 2**30
 
@@ -66,42 +68,56 @@ def plan_rows(overrides: Sequence[str], gpus: Sequence[int], grid: tuple[int, in
     """Trace every layout of each number of GPUs in `gpus`. `global_batch` (samples per
     optimizer step) defaults to each count's GPUs x trainer.batch_size x grad_accum_steps."""
     base = compose_config(list(overrides))
-    if base.model.gemm == "deterministic":
-        raise ConfigError("credit plan traces model.gemm=fast; deterministic mode's exact gradient "
-                          "norm reads values, which a fake trace has not: plan with model.gemm=fast "
-                          "(the layouts' memory is alike)")
+    check_traceable(base)
     shapes = sample_shapes(base, grid)
+    with torch.device("meta"):  # a model that cannot be built on this grid: one error, not a row per layout
+        build_model(base.model, **shapes.layout())
     accum = base.trainer.grad_accum_steps
     todo = [(world, layout) for world in gpus
             for layout in layouts(world, base.model.name in SEQUENCE_PARALLEL_MODELS)]
     rows = []
-    logging.getLogger("credit").setLevel(logging.WARNING)  # parallelisation's log lines, once per trace
-    for world, layout in tqdm(todo, desc="tracing layouts", unit="layout", disable=not progress):
-        batch = global_batch or world * base.trainer.batch_size * accum
-        row = Row(layout)
-        rows.append(row)
-        if batch % (layout.dp * accum):
-            row.refused = (f"a global batch of {batch} does not split over dp={layout.dp} x "
-                           f"grad_accum_steps={accum}")
-            continue
-        row.batch_per_rank = batch // (layout.dp * accum)
-        # one process builds no mesh, so it has no mixed precision (trainer.parallelism.mixed_precision)
-        alone = ["trainer.parallelism.mixed_precision=none"] if world == 1 else []
-        try:
-            cfg = compose_config([*overrides, *alone, f"trainer.parallelism.tensor={layout.tp}",
-                                  f"trainer.parallelism.data={layout.data}",
-                                  f"trainer.parallelism.sequence_parallel={str(layout.sequence_parallel).lower()}",
-                                  f"trainer.batch_size={row.batch_per_rank}"])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch's warnings about the traced run, once per trace
-                row.trace = trace_step(cfg, shapes, world)
-        except (ConfigError, ValueError, NotImplementedError) as error:
-            row.refused = str(error).splitlines()[0]
+    package_log = logging.getLogger("credit")
+    level = package_log.level
+    package_log.setLevel(logging.WARNING)  # parallelisation's log lines, once per trace
+    try:
+        for world, layout in tqdm(todo, desc="tracing layouts", unit="layout", disable=not progress):
+            rows.append(_row(overrides, shapes, world, layout, global_batch or world * base.trainer.batch_size * accum,
+                             accum))
+    finally:
+        package_log.setLevel(level)
     return rows
 
 
+def _row(overrides: Sequence[str], shapes: SampleShapes, world: int, layout: Layout, batch: int, accum: int) -> Row:
+    row = Row(layout)
+    if batch % (layout.dp * accum):
+        row.refused = f"a global batch of {batch} does not split over dp={layout.dp} x grad_accum_steps={accum}"
+        return row
+    row.batch_per_rank = batch // (layout.dp * accum)
+    # one process builds no mesh, so it has no mixed precision (trainer.parallelism.mixed_precision)
+    alone = ["trainer.parallelism.mixed_precision=none"] if world == 1 else []
+    try:
+        cfg = compose_config([*overrides, *alone, f"trainer.parallelism.tensor={layout.tp}",
+                              f"trainer.parallelism.data={layout.data}",
+                              f"trainer.parallelism.sequence_parallel={str(layout.sequence_parallel).lower()}",
+                              f"trainer.batch_size={row.batch_per_rank}"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's warnings about the traced run, once per trace
+            row.trace = trace_step(cfg, shapes, world)
+    except (ConfigError, ValueError, NotImplementedError) as error:  # the rules' refusals
+        row.refused = str(error).splitlines()[0]
+    except (RuntimeError, AssertionError) as error:  # torch's, from deeper down: named, and the plan goes on
+        row.refused = f"{type(error).__name__}: {(str(error).strip().splitlines() or ['(no message)'])[0]}"
+    return row
+
+
+def _figure(value: float) -> str:
+    """Three digits that line up in a column: 123.4, 12.34, 1.234, 0.123."""
+    return f"{value:.1f}" if value >= 100 else f"{value:.2f}" if value >= 10 else f"{value:.3f}"
+
+
 def _gib(value: float) -> str:
-    return f"{value / GIB:.3g}"
+    return _figure(value / GIB)
 
 
 def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str) -> str:
@@ -109,23 +125,27 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
     limit = usable * gpu_memory_gib * GIB
     lines = [f"## {title}", "",
              f"Per rank, GiB (2^30 bytes); sent: GB (10^9 bytes) one rank sends per step (ring algorithms), "
-             f"within its tensor-parallel group (tp) and across data-parallel replicas (dp); fits: the peak "
-             f"within {usable:.0%} of {gpu_memory_gib:g} GiB.", "",
+             f"within its tensor-parallel group (tp) and across data-parallel replicas (dp, including groups "
+             f"of every rank); step: the step's own memory above what is held; fits: the peak within "
+             f"{usable:.0%} of {gpu_memory_gib:g} GiB.", "",
              "| GPUs | layout | data | batch/rank | params | grads | optimizer | held | step | peak | tp sent | "
-             "dp sent | fits |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "dp sent | collectives tp/dp | fits |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
-        lay = row.layout
-        head = f"| {lay.world} | {lay.name} | {lay.data} | {row.batch_per_rank or '-'} "
+        layout = row.layout
+        head = f"| {layout.world} | {layout.name} | {layout.data} | {row.batch_per_rank or '-'} "
         if row.trace is None:
-            lines.append(head + f"| cannot run: {row.refused} |" + " |" * 8)
+            lines.append(head + f"| cannot run: {row.refused} |" + " |" * 9)
             continue
-        t = row.trace
-        tp_sent = t.sent.get("tp", 0.0)
-        dp_sent = sum(v for k, v in t.sent.items() if k != "tp")
-        lines.append(head + f"| {_gib(t.params)} | {_gib(t.grads)} | {_gib(t.optimizer)} | {_gib(t.held)} "
-                     f"| {_gib(t.activation)} | {_gib(t.peak)} | {tp_sent / 1e9:.2f} | {dp_sent / 1e9:.2f} "
-                     f"| {'yes' if t.peak <= limit else 'no'} |")
+        trace = row.trace
+        tp_sent = trace.sent.get("tp", 0.0)
+        dp_sent = sum(sent for group, sent in trace.sent.items() if group != "tp")
+        tp_calls = trace.collectives.get("tp", 0)
+        dp_calls = sum(calls for group, calls in trace.collectives.items() if group != "tp")
+        lines.append(head + f"| {_gib(trace.params)} | {_gib(trace.grads)} | {_gib(trace.optimizer)} "
+                     f"| {_gib(trace.held)} | {_gib(trace.activation)} | {_gib(trace.peak)} "
+                     f"| {_figure(tp_sent / 1e9)} | {_figure(dp_sent / 1e9)} | {tp_calls}/{dp_calls} "
+                     f"| {'yes' if trace.peak <= limit else 'no'} |")
     lines.append("")
     for world in dict.fromkeys(row.layout.world for row in rows):
         fitting = [r for r in rows if r.layout.world == world and r.trace is not None and r.trace.peak <= limit]

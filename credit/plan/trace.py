@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from credit.config import ConfigError
 from credit.models import EMA, advance_spectral_norm, build_model
 from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, deterministic_spectral_norm, resolve_layout
 from credit.plan.comm import CommVolume
@@ -41,7 +42,7 @@ class StepTrace:
     params: int  # this rank's parameters (its shards)
     grads: int
     optimizer: int
-    held: int  # every tensor held between steps: parameters, optimizer state, buffers, EMA
+    held: int  # held when a step starts, gradients freed: parameters, optimizer state, buffers, EMA
     peak: int  # the most held at once during the step
     sent: dict[str, float] = field(default_factory=dict)  # per process group: "tp", "dp", "dp×tp"
     collectives: dict[str, int] = field(default_factory=dict)
@@ -67,6 +68,14 @@ def fake_process_group(world: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def check_traceable(cfg: DictConfig) -> None:
+    """ConfigError for what a fake trace cannot run."""
+    if cfg.model.gemm == "deterministic":
+        raise ConfigError("credit plan traces model.gemm=fast: deterministic mode's exact gradient norm "
+                          "reads values, which a fake trace has not (plan with model.gemm=fast; the "
+                          "layouts' memory is alike)")
+
+
 def _local_bytes(tensors) -> int:
     total = 0
     for t in tensors:
@@ -77,9 +86,14 @@ def _local_bytes(tensors) -> int:
 
 def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
     """Trace one step of `cfg` (its `trainer.parallelism` and `trainer.batch_size` per rank)
-    on `world` ranks. Raises ConfigError or ValueError for a layout that cannot run."""
+    on `world` ranks. Raises ConfigError or ValueError for a layout that cannot run.
+
+    Left out: SDC checks (`diagnostics.sdc`), the loss's and the peak-memory readings'
+    one-number all-reduces. Attention runs torch's math kernel on the fake CPU tensors, which
+    keeps the softmax probabilities for backward; CUDA's memory-efficient kernel keeps less."""
     par, trainer = cfg.trainer.parallelism, cfg.trainer
-    deterministic = cfg.model.gemm == "deterministic"
+    check_traceable(cfg)
+    deterministic = False
     layout = resolve_layout(world, par.data, par.tensor,
                             deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
     with fake_process_group(world):
@@ -109,12 +123,13 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             with memory, comm:
                 memory.reset_peak()
                 advance_spectral_norm(model)
+                step_batches = []  # the trainer keeps a step's micro-batches until the step ends
                 for _ in range(trainer.grad_accum_steps):
                     batch = {key: torch.empty(shape) for key, shape in shapes.batch(trainer.batch_size).items()}
+                    step_batches.append(batch)
                     backward_micro_batch(model, batch, loss_fn, accum=trainer.grad_accum_steps,
                                          deterministic=deterministic,
                                          step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps)
-                    del batch
                 update_parameters(model, optimizer, mesh, deterministic=deterministic, data=par.data,
                                   grad_clip=trainer.grad_clip)
                 if ema is not None:

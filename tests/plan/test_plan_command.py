@@ -50,6 +50,9 @@ def test_plan_reads_the_model_of_a_credit_config():
     (["--gpus", "2", "--grid", "16x32", "model.gemm=deterministic", *CROSSFORMER], "model.gemm=fast"),
     (["--gpus", "2", "--grid", "16x32", "trainer.nonsense=1"], "nonsense"),
     (["--credit-config", "missing.yml"], "missing.yml"),
+    (["--usable", "1.5"], "(0, 1]"),
+    (["--grid", "16x32", "--out", "no/such/folder/plan.md", *CROSSFORMER], "no/such/folder"),
+    (["--grid", "30x64", "--gpus", "2"], "does not tile"),
 ])
 def test_bad_input_is_one_error_line(args, message):
     result = _plan(*args)
