@@ -67,7 +67,8 @@ def plan_rows(overrides: Sequence[str], gpus: Sequence[int], grid: tuple[int, in
               global_batch: int | None = None, progress: bool = True) -> list[Row]:
     """Trace every layout of each number of GPUs in `gpus`. `global_batch` (samples per
     optimizer step) defaults to each count's GPUs x trainer.batch_size x grad_accum_steps."""
-    base = compose_config(list(overrides))
+    # the layouts set the data parallelism; the base config needs one its other keys allow (bf16)
+    base = compose_config([*overrides, "trainer.parallelism.data=fsdp2"])
     check_traceable(base)
     shapes = sample_shapes(base, grid)
     with torch.device("meta"):  # a model that cannot be built on this grid: one error, not a row per layout

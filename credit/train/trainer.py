@@ -120,6 +120,10 @@ class Trainer:
             self.sdc.attach_compute(self.model)  # before TP: it taps each Linear's own output
         if rt.mesh is not None:
             parallelize_for_training(self.model, rt.mesh, cfg)
+        elif cfg.trainer.parallelism.mixed_precision != "none":
+            log.warning("trainer.parallelism.mixed_precision=%s applies through FSDP2/DDP's mesh, which one "
+                        "process does not build: this run computes in fp32 (launch 2 or more ranks for it)",
+                        cfg.trainer.parallelism.mixed_precision)
         if self.sdc is not None:
             self.sdc.attach(self.model)
             log.info("%s", self.sdc.describe())
