@@ -132,21 +132,12 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
              "| GPUs | layout | data | batch/rank | params | grads | optimizer | held | step | peak | tp sent | "
              "dp sent | collectives tp/dp | fits |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    groups: dict[object, list[Row]] = {}  # the variants of a (GPUs, tp) refused alike share a line
     for row in rows:
-        layout = row.layout
-        head = f"| {layout.world} | {layout.name} | {layout.data} | {row.batch_per_rank or '-'} "
-        if row.trace is None:
-            lines.append(head + f"| cannot run: {row.refused} |" + " |" * 9)
-            continue
-        trace = row.trace
-        tp_sent = trace.sent.get("tp", 0.0)
-        dp_sent = sum(sent for group, sent in trace.sent.items() if group != "tp")
-        tp_calls = trace.collectives.get("tp", 0)
-        dp_calls = sum(calls for group, calls in trace.collectives.items() if group != "tp")
-        lines.append(head + f"| {_gib(trace.params)} | {_gib(trace.grads)} | {_gib(trace.optimizer)} "
-                     f"| {_gib(trace.held)} | {_gib(trace.activation)} | {_gib(trace.peak)} "
-                     f"| {_figure(tp_sent / 1e9)} | {_figure(dp_sent / 1e9)} | {tp_calls}/{dp_calls} "
-                     f"| {'yes' if trace.peak <= limit else 'no'} |")
+        key = (row.layout.world, row.layout.tp, row.refused) if row.trace is None else id(row)
+        groups.setdefault(key, []).append(row)
+    lines += [_trace_line(group[0], limit) if group[0].trace is not None else _refused_line(group)
+              for group in groups.values()]
     lines.append("")
     for world in dict.fromkeys(row.layout.world for row in rows):
         fitting = [r for r in rows if r.layout.world == world and r.trace is not None and r.trace.peak <= limit]
@@ -158,3 +149,24 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
         lines.append(f"- {world} GPU{'s' if world > 1 else ''}: fit: {names}; least sent: "
                      f"{least.layout.name} {least.layout.data}.")
     return "\n".join(lines) + "\n"
+
+
+def _refused_line(rows: list[Row]) -> str:
+    first = rows[0].layout
+    name = f"dp{first.dp}×tp{first.tp}" + (" (±sp)" if any(r.layout.sequence_parallel for r in rows) else "")
+    data = ", ".join(dict.fromkeys(r.layout.data for r in rows))
+    return (f"| {first.world} | {name} | {data} | {rows[0].batch_per_rank or '-'} "
+            f"| cannot run: {rows[0].refused} |" + " |" * 9)
+
+
+def _trace_line(row: Row, limit: float) -> str:
+    layout, trace = row.layout, row.trace
+    head = f"| {layout.world} | {layout.name} | {layout.data} | {row.batch_per_rank or '-'} "
+    tp_sent = trace.sent.get("tp", 0.0)
+    dp_sent = sum(sent for group, sent in trace.sent.items() if group != "tp")
+    tp_calls = trace.collectives.get("tp", 0)
+    dp_calls = sum(calls for group, calls in trace.collectives.items() if group != "tp")
+    return (head + f"| {_gib(trace.params)} | {_gib(trace.grads)} | {_gib(trace.optimizer)} "
+            f"| {_gib(trace.held)} | {_gib(trace.activation)} | {_gib(trace.peak)} "
+            f"| {_figure(tp_sent / 1e9)} | {_figure(dp_sent / 1e9)} | {tp_calls}/{dp_calls} "
+            f"| {'yes' if trace.peak <= limit else 'no'} |")
