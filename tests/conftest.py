@@ -58,6 +58,7 @@ HEAVY = {
     "parallel/test_tp_numerics.py",
     "parallel/test_tp_parity_acceptance.py",
     "parallel/test_tp_plans_and_options.py",
+    "plan/test_plan_command.py",
     "plan/test_plan_estimates.py",
     "rollout/test_default_skill.py",
     "rollout/test_tp_parity.py",
