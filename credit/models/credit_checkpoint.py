@@ -41,7 +41,8 @@ def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[st
         try:
             data = OmegaConf.to_container(OmegaConf.load(Path(source)), resolve=False)
         except Exception as exc:  # OSError, or omegaconf's/yaml's parse errors
-            raise CreditCheckpointError(f"{where}: cannot read the CREDIT config ({exc})") from None
+            reason = " ".join(str(exc).split())  # a YAML error spans lines: one line, as every error here
+            raise CreditCheckpointError(f"{where}: cannot read the CREDIT config ({reason})") from None
     if not isinstance(data, Mapping):
         raise CreditCheckpointError(f"{where}: a CREDIT config is a mapping with a model: section")
     section = data.get("model", data)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers backend "fake"
 
 from credit.config import ConfigError
 from credit.models import EMA, advance_spectral_norm, build_model

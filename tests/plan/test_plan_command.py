@@ -59,3 +59,11 @@ def test_bad_input_is_one_error_line(args, message):
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+
+
+def test_a_broken_credit_config_is_one_error_line(tmp_path):
+    broken = tmp_path / "credit.yml"
+    broken.write_text("model: [1,\n")  # YAML's own error spans several lines
+    result = _plan("--credit-config", str(broken))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "cannot read the CREDIT config" in lines[0], result.stderr
