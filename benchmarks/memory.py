@@ -59,20 +59,13 @@ def _resident() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _local_bytes(tensors) -> int:
-    total = 0
-    for t in tensors:
-        t = getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
-        total += t.numel() * t.element_size()
-    return total
-
-
 def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
     import torch
     import torch.distributed as dist
 
     from credit.config import compose_config
     from credit.parallel import build_runtime
+    from credit.plan.trace import shard_bytes
     from credit.train.memory import PeakMemory
     from credit.train.trainer import Trainer
 
@@ -91,10 +84,9 @@ def worker(variant: str, steps: int, overrides: list[str], result: str) -> None:
         peak = peaks.read()[0]
         activation.append(peak - before)
         peak_rss.append(peak)
-    params = list(trainer.model.parameters())
-    state = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
-    mine = torch.tensor([statistics.median(activation), statistics.median(peak_rss), _local_bytes(params),
-                         _local_bytes(p.grad for p in params if p.grad is not None), _local_bytes(state)],
+    held = shard_bytes(trainer.model, trainer.optimizer)
+    mine = torch.tensor([statistics.median(activation), statistics.median(peak_rss), held["params"],
+                         held["grads"], held["optimizer"]],
                         dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 from torch._C._profiler import _EventType
-from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -73,14 +72,11 @@ def step_peaks(events) -> tuple[int, int]:
     return peak, tensor_peak
 
 
-def _local_bytes(tensors) -> int:
-    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size() for t in tensors)
-
-
 def measure_step(overrides: list[str]) -> dict[str, int]:
     """Train one step, then measure the next on this rank (run with the launcher's ranks)."""
     from credit.config import compose_config
     from credit.parallel import build_runtime
+    from credit.plan.trace import shard_bytes
     from credit.train.trainer import Trainer
 
     cfg = compose_config([*overrides, "data.num_workers=0", f"run_dir={tempfile.mkdtemp()}"])
@@ -93,10 +89,7 @@ def measure_step(overrides: list[str]) -> dict[str, int]:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         trainer.train_step(batches)
     peak, tensor_peak = step_peaks(prof.profiler.kineto_results.experimental_event_tree())
-    params = list(trainer.model.parameters())
-    state = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    return dict(peak=peak, tensor_peak=tensor_peak, params=_local_bytes(params),
-                grads=_local_bytes(p.grad for p in params if p.grad is not None), optimizer=_local_bytes(state))
+    return dict(peak=peak, tensor_peak=tensor_peak, **shard_bytes(trainer.model, trainer.optimizer))
 
 
 CROSSFORMER = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",

@@ -76,12 +76,16 @@ def check_traceable(cfg: DictConfig) -> None:
                           "layouts' memory is alike)")
 
 
-def _local_bytes(tensors) -> int:
-    total = 0
-    for t in tensors:
-        t = t.to_local() if isinstance(t, DTensor) else t
-        total += t.numel() * t.element_size()
-    return total
+def shard_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients and optimizer state (a DTensor counts its
+    local shard): what `credit plan` reports, and what the benchmarks measure alike."""
+    def local(tensors) -> int:
+        return sum((t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size() for t in tensors)
+
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    return {"params": local(params), "grads": local(p.grad for p in params if p.grad is not None),
+            "optimizer": local(state)}
 
 
 def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
@@ -134,8 +138,5 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
                                   grad_clip=trainer.grad_clip)
                 if ema is not None:
                     ema.update(model)
-            params = list(model.parameters())
-            state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-            return StepTrace(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params if p.grad is not None),
-                             optimizer=_local_bytes(state), held=held, peak=memory.peak,
+            return StepTrace(**shard_bytes(model, optimizer), held=held, peak=memory.peak,
                              sent=dict(comm.sent), collectives=dict(comm.calls))
