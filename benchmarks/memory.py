@@ -26,7 +26,7 @@ heap pages the allocator keeps.
                                 [--out FILE] [KEY=VALUE ...]
 
 The default model is CREDIT's crossformer with widths 32-256, earth-padded from 181x360 to
-192x384 (the default experiment's wxformer_next does not tile 181 rows); KEY=VALUE overrides
+192x384 (the default experiment's nextgen_wxformer does not tile 181 rows); KEY=VALUE overrides
 change it.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from machine import cpu_name
 
 # crossformer sized like the default experiment, padded so its windows tile 181x360
-MODEL = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.mode=earth",
+MODEL = ["model=wxformer", "model.padding_conf.activate=true", "model.padding_conf.mode=earth",
          "model.padding_conf.pad_lat=[5,6]", "model.padding_conf.pad_lon=[12,12]"]
 COMMON = ["trainer.batch_size=1", "trainer.progress_bar=false", "trainer.valid_every_n_steps=0",
           "trainer.checkpoint.every_n_steps=0", "trainer.resume=never", "data.valid_samples=1",

@@ -92,7 +92,7 @@ def measure_step(overrides: list[str]) -> dict[str, int]:
     return dict(peak=peak, tensor_peak=tensor_peak, **shard_bytes(trainer.model, trainer.optimizer))
 
 
-CROSSFORMER = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
+CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
                "model.dim=[16,32,64,128]", "trainer.batch_size=4"]
 LAYOUTS = {
     "one process": (1, []),

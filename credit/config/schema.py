@@ -47,7 +47,7 @@ class CreditModelConfig:
     they must equal what the data give (one error naming the key otherwise). Sized for the
     embedded 32x64 grid."""
 
-    name: str = "crossformer"
+    name: str = "wxformer"
     image_height: Optional[int] = None
     image_width: Optional[int] = None
     frames: Optional[int] = None  # = data.history_len
@@ -84,18 +84,32 @@ class PaddingConf:
 
 
 @dataclass
-class CrossFormerConfig(CreditModelConfig):
-    """CREDIT's `crossformer` (`model=crossformer`)."""
+class WXFormerConfig(CreditModelConfig):
+    """CREDIT's `wxformer` / `wxformer_base`, the current CrossFormer with a sub-pixel
+    decoder (`model=wxformer`)."""
 
+    name: str = "wxformer"
     interp: bool = True
     padding_conf: PaddingConf = field(default_factory=PaddingConf)
 
 
 @dataclass
-class WXFormerNextConfig(CreditModelConfig):
-    """CREDIT's `wxformer_next` (`model=wxformer_next`)."""
+class CrossFormerConfig(CreditModelConfig):
+    """CREDIT's `crossformer`, the older CrossFormer with a transposed-convolution (or
+    bilinear + convolution) decoder and optional decoder attention (`model=crossformer`)."""
 
-    name: str = "wxformer_next"
+    name: str = "crossformer"
+    interp: bool = True
+    padding_conf: PaddingConf = field(default_factory=PaddingConf)
+    upsample_v_conv: bool = False  # bilinear x2 + 3x3 convolution instead of ConvTranspose2d
+    attention_type: Optional[str] = None  # decoder attention: null | coordinate | eca | spatial | scse_optimized | scse_standard | mixed
+
+
+@dataclass
+class WXFormerNextConfig(CreditModelConfig):
+    """CREDIT's `nextgen_wxformer`, NextGenWXFormer (`model=nextgen_wxformer`)."""
+
+    name: str = "nextgen_wxformer"
     col_attn_heads: int = 2
     col_attn_stride: int = 1
     decoder_col_attn: bool = False
@@ -103,7 +117,8 @@ class WXFormerNextConfig(CreditModelConfig):
 
 
 # `model=NAME` picks one of these schemas (ConfigStore group "model")
-MODEL_SCHEMAS = {"windowformer": WindowFormerConfig, "crossformer": CrossFormerConfig, "wxformer_next": WXFormerNextConfig}
+MODEL_SCHEMAS = {"windowformer": WindowFormerConfig, "crossformer": CrossFormerConfig, "wxformer": WXFormerConfig,
+                 "nextgen_wxformer": WXFormerNextConfig}
 
 
 @dataclass
@@ -190,7 +205,7 @@ class ParallelismConfig:
     reshard_after_forward: bool = True
     # fsdp2 only: block (one unit per block) | grouped (one unit per mesh: fewest collectives)
     shard_granularity: str = "block"
-    # tensor > 1: the transformer stages' rows split over the tp ranks (crossformer, wxformer_next)
+    # tensor > 1: the transformer stages' rows split over the tp ranks (CREDIT's three classes)
     sequence_parallel: bool = False
     # with sequence_parallel: blocks keep just their rows of each gathered input for backward
     # and gather it again there (less memory, one more all-gather per block)

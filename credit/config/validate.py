@@ -52,6 +52,10 @@ def heads_split_error(heads: int, tensor: int) -> str | None:
 
 
 GEMM_MODES = ("fast", "deterministic")
+# this project's names for CREDIT's classes are CREDIT's registry names (docs/credit_models.md)
+CREDIT_MODELS = ("crossformer", "wxformer", "nextgen_wxformer")
+ASYMMETRIC_CROSS_EMBED = ("wxformer", "nextgen_wxformer")  # ZeroPad2d(k - s) branches
+DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
 SPECTRAL_NORM_TP = ("shard", "replicate")
 NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
 
@@ -102,11 +106,13 @@ def _validate_stages(model: DictConfig, tensor: int, credit_layout: bool) -> Non
     for i, (kernels, stride) in enumerate(zip(model.cross_embed_kernel_sizes, model.cross_embed_strides)):
         _check(len(kernels) >= 1, f"model.cross_embed_kernel_sizes[{i}]", kernels, "needs a kernel")
         for k in kernels:
-            # CREDIT pads each branch asymmetrically by k - stride; ours symmetrically
-            ok = k >= stride and (credit_layout or (k - stride) % 2 == 0)
+            # wxformer and nextgen_wxformer pad each branch asymmetrically by k - stride; the
+            # older crossformer and the windowformer by (k - stride) // 2 on each side
+            asymmetric = model.name in ASYMMETRIC_CROSS_EMBED
+            ok = k >= stride and (asymmetric or (k - stride) % 2 == 0)
             _check(ok, f"model.cross_embed_kernel_sizes[{i}]", kernels,
                    f"each kernel must be >= the stride {stride}"
-                   + ("" if credit_layout else " and differ from it by an even number")
+                   + ("" if asymmetric else " and differ from it by an even number")
                    + ", so the output grid is the input grid / stride")
     for key in ("attn_dropout", "ff_dropout"):
         _check(0.0 <= model[key] < 1.0, f"model.{key}", model[key], "must be in [0, 1)")
@@ -125,6 +131,9 @@ def _validate_credit_model(model: DictConfig) -> None:
     for key in ("surface_channels", "input_only_channels", "output_only_channels"):
         _check(model[key] is None or model[key] >= 0, f"model.{key}", model[key], "must be >= 0 or null")
     if model.name == "crossformer":
+        _check(model.attention_type in (None, "none", *DECODER_ATTENTION), "model.attention_type",
+               model.attention_type, f"allowed: null, {', '.join(DECODER_ATTENTION)}")
+    if model.name in ("crossformer", "wxformer"):
         pad = model.padding_conf
         _check(pad.mode in ("earth", "mirror"), "model.padding_conf.mode", pad.mode, "allowed: 'earth', 'mirror'")
         for key in ("pad_lat", "pad_lon"):
@@ -136,9 +145,9 @@ def _validate_credit_model(model: DictConfig) -> None:
 
 
 def validate_model(model: DictConfig, tensor: int = 1) -> None:
-    credit_layout = model.name in ("crossformer", "wxformer_next")
+    credit_layout = model.name in CREDIT_MODELS
     _check(credit_layout or model.name == "windowformer", "model.name", model.name,
-           "allowed: 'windowformer', 'crossformer', 'wxformer_next'")
+           f"allowed: {['windowformer', *CREDIT_MODELS]}")
     _validate_stages(model, tensor, credit_layout)
     if credit_layout:
         _validate_credit_model(model)
@@ -246,7 +255,7 @@ def validate_trainer(trainer: DictConfig) -> None:
 
 
 ROLLOUT_WEIGHTS = ("auto", "ema", "model")
-SEQUENCE_PARALLEL_MODELS = ("crossformer", "wxformer_next")  # the models whose stages declare their grids
+SEQUENCE_PARALLEL_MODELS = CREDIT_MODELS  # the models whose stages declare their grids
 
 
 def validate_rollout(rollout: DictConfig) -> None:

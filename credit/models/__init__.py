@@ -1,4 +1,4 @@
-"""Models: CREDIT's crossformer and wxformer_next (`from_credit` loads CREDIT's checkpoints;
+"""Models: CREDIT's crossformer, wxformer and nextgen_wxformer (`from_credit` loads CREDIT's checkpoints;
 `remap_conv_state_dict` turns CREDIT's convolutional layout into the Linear one), this
 project's compact windowformer, and their helpers (padding, spectral norm, EMA)."""
 

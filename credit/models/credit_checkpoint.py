@@ -5,7 +5,7 @@ bare state dict, a DDP `module.` prefix and FSDP's `_fsdp_wrapped_module.` /
 `_checkpoint_wrapped_module.` prefixes are accepted too. The weights go through
 `remap_conv_state_dict` (older convolutional layout -> Linear, `weight_orig` -> `weight`)
 and load strictly: a missing or unexpected key, or a shape that differs, is an error
-naming the keys. `cube_embedding.*` (CREDIT's crossformer builds it, and at patch size 1
+naming the keys. `cube_embedding.*` (CREDIT's two CrossFormers build it, and at patch size 1
 never uses it) is dropped.
 """
 
@@ -47,7 +47,8 @@ def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[st
         raise CreditCheckpointError(f"{where}: a CREDIT config is a mapping with a model: section")
     section = data.get("model", data)
     if not isinstance(section, Mapping) or "type" not in section:
-        raise CreditCheckpointError(f"{where}: no model: section with a type (crossformer or wxformer_next)")
+        raise CreditCheckpointError(f"{where}: no model: section with a type (crossformer, wxformer, wxformer_base "
+                                    f"or nextgen_wxformer)")
     return dict(section)
 
 

@@ -1,10 +1,19 @@
 """A CREDIT `model:` section -> one of CREDIT's architectures, built here.
 
-The keys are CREDIT's constructor arguments with CREDIT's meanings and, where a key is
-absent, CREDIT's defaults. A key this project does not implement in an active form
-(post-processing blocks, patch sizes > 1, diffusion, several output frames, decoder
-attention types) is refused with one line naming it; a key CREDIT's own class accepts
-and ignores is reported once as a warning; any other key is an error.
+`model.type` is read as CREDIT's model registry (`credit/models/__init__.py`) reads it:
+
+| CREDIT type | CREDIT class | built here as |
+| --- | --- | --- |
+| `crossformer` | `credit.models.crossformer.CrossFormer` (the older CrossFormer) | `credit.models.crossformer.CrossFormer` |
+| `wxformer`, `wxformer_base` | `credit.models.wxformer.crossformer.CrossFormer` | `credit.models.wxformer.WXFormer` |
+| `nextgen_wxformer` | `credit.models.wxformer.wxformer_next.NextGenWXFormer` | `credit.models.wxformer_next.WXFormerNext` |
+
+Any other type of CREDIT's registry is refused with one line naming it. The keys are
+CREDIT's constructor arguments with CREDIT's meanings and, where a key is absent, CREDIT's
+defaults. Each class takes further keys through `**kwargs` and does nothing with them: those
+are ignored here too, with one warning naming them. A key CREDIT acts on that this project
+does not implement (post blocks, patch sizes > 1, diffusion, several output frames) is
+refused with one line naming it. This module is the one table of that mapping.
 """
 
 from __future__ import annotations
@@ -16,13 +25,24 @@ from typing import Any
 from torch import nn
 
 from credit.models.credit_padding import BoundaryPadding
-from credit.models.crossformer import CreditSpec, CrossFormer
+from credit.models.crossformer import CrossFormer
 from credit.models.spectral_norm import apply_spectral_norm
+from credit.models.wxformer import CreditSpec, WXFormer
 from credit.models.wxformer_next import WXFormerNext
 
 log = logging.getLogger(__name__)
 
-TYPES = ("crossformer", "wxformer_next")
+TYPES = ("crossformer", "wxformer", "nextgen_wxformer")  # this project's names: CREDIT's registry names
+ALIASES = {"wxformer_base": "wxformer"}  # CREDIT's registry maps both to one class
+CREDIT_CLASSES = {
+    "crossformer": "credit.models.crossformer.CrossFormer",
+    "wxformer": "credit.models.wxformer.crossformer.CrossFormer",
+    "nextgen_wxformer": "credit.models.wxformer.wxformer_next.NextGenWXFormer",
+}
+# the rest of CREDIT's registry (miles-credit 5e14b83c): named in the refusal
+OTHER_CREDIT_TYPES = ("camulator", "crossformer-diffusion", "crossformer-ensemble", "crossformer-style",
+                      "crossformer_downscaling", "debugger", "dscale", "fuxi", "graph", "swin", "unet",
+                      "unet-diffusion", "unet404", "unet_downscaling", "wrf")
 
 # CREDIT's constructor defaults (miles-credit 5e14b83c), per architecture.
 _SHARED = dict(
@@ -33,24 +53,22 @@ _SHARED = dict(
     attn_dropout=0.0, ff_dropout=0.0, use_spectral_norm=True,
 )
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "crossformer": {**_SHARED, "interp": True, "padding_conf": None},
-    "wxformer_next": {**_SHARED, "col_attn_heads": 4, "col_attn_stride": 1, "decoder_col_attn": False,
-                      "num_spectral_nodes": 64},
+    "crossformer": {**_SHARED, "interp": True, "padding_conf": None, "upsample_v_conv": False,
+                    "attention_type": None},
+    "wxformer": {**_SHARED, "interp": True, "padding_conf": None},
+    "nextgen_wxformer": {**_SHARED, "col_attn_heads": 4, "col_attn_stride": 1, "decoder_col_attn": False,
+                         "num_spectral_nodes": 64},
 }
-# CREDIT keys whose only supported value is the inactive one: key -> (is it active?, allowed)
+# keys the two CrossFormers act on, whose only supported value is the inactive one:
+# key -> (is it active?, allowed). NextGenWXFormer reads none of them.
 _INACTIVE_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "post_conf": (lambda v: bool(v) and bool(dict(v).get("activate", False)), "absent or activate: false"),
     "patch_height": (lambda v: int(v) != 1, "1"),
     "patch_width": (lambda v: int(v) != 1, "1"),
     "output_frames": (lambda v: int(v) != 1, "1"),
     "diffusion": (lambda v: bool(v), "false"),
-    "attention_type": (lambda v: v not in (None, "none", "None"), "null"),
 }
-# keys CREDIT's class accepts and does nothing with
-_IGNORED_BY_CREDIT = {
-    "crossformer": {"upsample_with_ps"},
-    "wxformer_next": {"upsample_with_ps", "interp", "padding_conf"},
-}
+_ACTS_ON_INACTIVE = {"crossformer": set(_INACTIVE_ONLY), "wxformer": set(_INACTIVE_ONLY), "nextgen_wxformer": set()}
 
 
 def _tuple4(key: str, value: Any) -> tuple:
@@ -84,32 +102,44 @@ def credit_spec(values: Mapping[str, Any]) -> CreditSpec:
     )
 
 
-def resolve_credit_model(section: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def credit_type(kind: Any) -> str:
+    """This project's name for a CREDIT `model.type`; ValueError naming the type otherwise."""
+    kind = ALIASES.get(kind, kind)
+    if kind in TYPES:
+        return kind
+    what = "another of CREDIT's model types" if kind in OTHER_CREDIT_TYPES else "not a CREDIT model type"
+    raise ValueError(f"model.type={kind!r} is {what} that credit does not build; supported: "
+                     f"{sorted([*TYPES, *ALIASES])}")
+
+
+def resolve_credit_model(section: Mapping[str, Any], warn: bool = True) -> tuple[str, dict[str, Any]]:
     """(type, every argument with CREDIT's defaults filled in) of a CREDIT `model:` section.
 
-    Raises ValueError naming the key for an unknown type, an unknown key, or a feature
-    this project does not implement; warns for keys CREDIT itself ignores.
+    Raises ValueError naming the key for an unknown type or a feature this project does not
+    implement; warns once (unless `warn` is false) for the keys CREDIT's class ignores.
     """
     section = dict(section)
-    kind = section.pop("type", None)
-    if kind not in TYPES:
-        raise ValueError(f"model.type={kind!r} is not one of {list(TYPES)}")
-    for key, (active, allowed) in _INACTIVE_ONLY.items():
-        if key in section:
-            if active(section[key]):
-                raise ValueError(f"model.{key}={section.pop(key)!r} is not supported by credit's {kind}; "
-                                 f"allowed: {allowed}")
-            section.pop(key)
-    ignored = sorted(k for k in section if k in _IGNORED_BY_CREDIT[kind])
-    if ignored:
-        log.warning("CREDIT's %s ignores %s; so does credit", kind, ", ".join(f"model.{k}" for k in ignored))
-        for key in ignored:
-            section.pop(key)
-    unknown = sorted(set(section) - set(DEFAULTS[kind]))
-    if unknown:
-        raise ValueError(f"unknown key(s) {['model.' + k for k in unknown]} for model.type={kind}; "
-                         f"allowed: {sorted(DEFAULTS[kind])}")
-    return kind, {**DEFAULTS[kind], **section}
+    kind = credit_type(section.pop("type", None))
+    for key in sorted(_ACTS_ON_INACTIVE[kind] & set(section)):
+        active, allowed = _INACTIVE_ONLY[key]
+        if active(section[key]):
+            raise ValueError(f"model.{key}={section[key]!r} is not supported by credit's {kind}; "
+                             f"allowed: {allowed}")
+        section.pop(key)
+    ignored = sorted(set(section) - set(DEFAULTS[kind]))
+    if ignored and warn:
+        log.warning("CREDIT's %s takes %s through **kwargs and ignores them; so does credit",
+                    CREDIT_CLASSES[kind], ", ".join(f"model.{k}" for k in ignored))
+    values = {k: v for k, v in section.items() if k not in ignored}
+    if isinstance(values.get("attention_type"), str):  # CREDIT lower-cases it; "none" is no attention
+        values["attention_type"] = None if values["attention_type"].lower() == "none" else values["attention_type"].lower()
+    return kind, {**DEFAULTS[kind], **values}
+
+
+def ignored_keys(section: Mapping[str, Any]) -> list[str]:
+    """The keys of a CREDIT `model:` section that CREDIT's class takes and ignores."""
+    kind = credit_type(section.get("type"))
+    return sorted(set(section) - {"type"} - _ACTS_ON_INACTIVE[kind] - set(DEFAULTS[kind]))
 
 
 def padding_from_conf(conf: Mapping[str, Any] | None) -> BoundaryPadding | None:
@@ -130,7 +160,12 @@ def build_credit_model(kind: str, values: Mapping[str, Any], gemm: str = "fast")
     spec = credit_spec(values)
     if kind == "crossformer":
         model = CrossFormer(spec, interp=bool(values["interp"]), padding=padding_from_conf(values["padding_conf"]),
-                            gemm=gemm)
+                            upsample_v_conv=bool(values["upsample_v_conv"]),
+                            attention_type=values["attention_type"], gemm=gemm)
+        normalised = [model]
+    elif kind == "wxformer":
+        model = WXFormer(spec, interp=bool(values["interp"]), padding=padding_from_conf(values["padding_conf"]),
+                         gemm=gemm)
         normalised = [model]
     else:
         model = WXFormerNext(spec, col_attn_heads=int(values["col_attn_heads"]),

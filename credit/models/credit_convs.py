@@ -1,4 +1,4 @@
-"""The convolution blocks of CREDIT's `crossformer` and `wxformer_next`, with CREDIT's
+"""The convolution blocks of CREDIT's `crossformer`, `wxformer` and `nextgen_wxformer`, with CREDIT's
 state-dict keys and arithmetic: the cross-scale embedding of each encoder stage, the
 sub-pixel decoder's up blocks and output head, and the bilinear resize.
 

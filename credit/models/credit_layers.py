@@ -1,4 +1,4 @@
-"""The building blocks of CREDIT's `crossformer` and `wxformer_next`, with CREDIT's
+"""The building blocks of CREDIT's `crossformer`, `wxformer` and `nextgen_wxformer`, with CREDIT's
 state-dict keys and arithmetic.
 
 Every projection is an `nn.Linear` over channels-last tokens (CREDIT's newest layout; its

@@ -10,6 +10,8 @@ convolutions (oneDNN) and norm backward kernels pick their reduction order by sh
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,36 +27,61 @@ from credit.models import det_conv
 _BACKEND = "auto"
 
 
+class ConvGeometry(NamedTuple):
+    """What a convolution's arithmetic needs besides its tensors (an nn.Conv2d has all four)."""
+
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+
+
+def det_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
+    """A one-group, zero-padded convolution of NCHW `x` by the fixed-tree GEMM; `geometry`
+    is an nn.Conv2d or a ConvGeometry."""
+    if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
+        return det_conv.conv2d(x, weight, bias, geometry)  # same bits, no im2col copies
+    return _matrix_conv2d(x, weight, bias, geometry)
+
+
+def _matrix_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
+    """The definition: im2col rows times the GEMM (any backend)."""
+    b, _, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
+                    stride=geometry.stride)
+    y = linear_local(cols.transpose(1, 2), weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b)
+    # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
+    return y.transpose(1, 2).reshape(b, weight.shape[0], ho, wo).contiguous()
+
+
 class DetConv2d(nn.Conv2d):
     """`nn.Conv2d` (zero padding, one group) as im2col rows times the GEMM."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups != 1 or self.padding_mode != "zeros":
             raise NotImplementedError("DetConv2d supports groups=1 and zero padding")
-        if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
-            return det_conv.conv2d(x, self.weight, self.bias, self)  # same bits, no im2col copies
-        return self.matrix_forward(x)
+        return det_conv2d(x, self.weight, self.bias, self)
 
     def matrix_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The definition: im2col rows times the GEMM (any backend)."""
-        b, _, h, w = x.shape
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        cols = F.unfold(x, self.kernel_size, dilation=self.dilation, padding=self.padding, stride=self.stride)
-        y = linear_local(cols.transpose(1, 2), self.weight.view(self.out_channels, -1), self.bias,
-                         _BACKEND, groups=b)
-        # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
-        return y.transpose(1, 2).reshape(b, self.out_channels, ho, wo).contiguous()
+        return _matrix_conv2d(x, self.weight, self.bias, self)
 
 
 class DetConvTranspose2d(nn.ConvTranspose2d):
-    """`nn.ConvTranspose2d` with kernel == stride (no overlap): one GEMM per input pixel."""
+    """`nn.ConvTranspose2d` that multiplies the size by its stride: kernel == stride (no
+    overlap) as one GEMM per input pixel; overlapping kernels (k - s = 2·padding, e.g.
+    CREDIT's k=4, s=2, p=1 output head) as the equivalent sub-pixel convolution."""
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        if (self.kernel_size != self.stride or self.padding != (0, 0) or self.output_padding != (0, 0)
-                or self.dilation != (1, 1) or self.groups != 1 or output_size is not None):
-            raise NotImplementedError("DetConvTranspose2d supports kernel_size == stride only")
+        if (self.output_padding != (0, 0) or self.dilation != (1, 1) or self.groups != 1
+                or output_size is not None or self.stride[0] != self.stride[1]
+                or any(k - s != 2 * p for k, s, p in zip(self.kernel_size, self.stride, self.padding))):
+            raise NotImplementedError("DetConvTranspose2d supports one group and kernel - stride = 2 * padding")
+        if self.kernel_size != self.stride:
+            return self.subpixel_forward(x)
         if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
             return det_conv.conv_transpose2d(x, self.weight, self.bias)  # same bits, no copies
         return self.matrix_forward(x)
@@ -70,6 +97,44 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
         if self.bias is not None:
             y = channel_affine(y, None, self.bias)
         return y.permute(0, 3, 1, 2).contiguous()
+
+
+    def subpixel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Output phase (a, b) of a stride-s transposed convolution is a convolution of the
+        input with the taps that land on it: one 'same' convolution to C_out·s² channels,
+        then a pixel shuffle. The sub-pixel kernel is stacked from slices of the weight, so
+        its gradient flows back by slicing (no scatter)."""
+        kernel, reach = subpixel_kernel(self.weight, self.stride[0], self.padding)
+        y = det_conv2d(x, kernel, None, ConvGeometry(kernel.shape[-2:], padding=reach))
+        y = F.pixel_shuffle(y, self.stride[0])
+        if self.bias is None:
+            return y
+        return channel_affine(y.permute(0, 2, 3, 1), None, self.bias).permute(0, 3, 1, 2).contiguous()
+
+
+def subpixel_kernel(weight: torch.Tensor, stride: int,
+                    padding: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(C_out·s², C_in, K_h, K_w) kernel and 'same' padding of the sub-pixel convolution that
+    equals a transposed convolution with `weight` (C_in, C_out, k_h, k_w), stride s and
+    k - s = 2·padding. Output row s·i + a takes input row i + d through tap k = a + p - s·d."""
+    c_in, c_out = weight.shape[:2]
+    reaches = []
+    for k, p in zip(weight.shape[2:], padding):
+        reaches.append(max(max(-((a + p - k + 1) // stride), (a + p) // stride) for a in range(stride)))
+    zeros = weight.new_zeros(c_out, c_in)
+    phases = []
+    for a in range(stride):
+        for b in range(stride):
+            taps = []
+            for dy in range(-reaches[0], reaches[0] + 1):
+                for dx in range(-reaches[1], reaches[1] + 1):
+                    ky, kx = a + padding[0] - stride * dy, b + padding[1] - stride * dx
+                    inside = 0 <= ky < weight.shape[2] and 0 <= kx < weight.shape[3]
+                    taps.append(weight[:, :, ky, kx].t() if inside else zeros)
+            phases.append(torch.stack(taps, dim=-1))  # (C_out, C_in, K_h·K_w)
+    size = (2 * reaches[0] + 1, 2 * reaches[1] + 1)
+    kernel = torch.stack(phases, dim=1)  # (C_out, s², C_in, K_h·K_w): pixel shuffle's channel order
+    return kernel.reshape(c_out * stride * stride, c_in, *size), (reaches[0], reaches[1])
 
 
 class _ChannelAffine(torch.autograd.Function):

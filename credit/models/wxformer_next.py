@@ -1,9 +1,9 @@
-"""CREDIT's `wxformer_next`: the crossformer encoder/decoder plus a learned per-level
+"""CREDIT's `nextgen_wxformer`: the wxformer encoder/decoder plus a learned per-level
 embedding and column attention across pressure levels at the input, a spectral-GNN
 bottleneck between encoder and decoder, optional column attention on the output, and a
 residual output (last input frame + predicted change).
 
-CREDIT's layout in and out, as `crossformer`, except that frames fold time-major
+CREDIT's layout in and out, as `wxformer`, except that frames fold time-major
 ((B, C, T) -> (B, T·C)), as CREDIT's class does. No boundary padding: the grid must tile.
 
 `gemm="deterministic"` (docs/determinism.md): the fixed-tree layers of `layer_kit`, every
@@ -23,7 +23,7 @@ from torch import nn
 from credit.kernels.gemm._ops import linear_local
 from credit.models.credit_convs import UpBlockPS, output_head, resize
 from credit.models.credit_layers import check_windows, encoder_grids, stage_multiple
-from credit.models.crossformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
+from credit.models.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
 from credit.models.det_layers import channel_affine
 from credit.models.modes import layer_kit
 
@@ -144,10 +144,10 @@ class WXFormerNext(nn.Module):
         try:
             check_windows(spec.grid, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
                           "the grid")
-        except ValueError as error:  # CREDIT's wxformer_next pads nothing: say what grid would do
+        except ValueError as error:  # CREDIT's nextgen_wxformer pads nothing: say what grid would do
             multiple = stage_multiple(spec.cross_embed_strides, spec.local_window_size, spec.global_window_size)
-            raise ValueError(f"{error}; wxformer_next pads nothing, so with these strides and windows the grid "
-                             f"must divide by {multiple} (or use model=crossformer with "
+            raise ValueError(f"{error}; nextgen_wxformer pads nothing, so with these strides and windows the grid "
+                             f"must divide by {multiple} (or use model=wxformer with "
                              f"model.padding_conf)") from None
         if col_attn_stride < 1 or spec.image_height % col_attn_stride or spec.image_width % col_attn_stride:
             raise ValueError(f"model.col_attn_stride={col_attn_stride} must be >= 1 and divide the grid "
@@ -170,7 +170,7 @@ class WXFormerNext(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        spec.check_input(x, "wxformer_next")
+        spec.check_input(x, "nextgen_wxformer")
         frames = x.transpose(1, 2)  # (B, T, C, H, W): time-major
         per_frame, out_ch = spec.frame_channels, spec.output_channels
         # the residual base: CREDIT takes out_ch channels from the start of the last frame

@@ -14,7 +14,7 @@ GEMM's reduction tree, which is what keeps the bits of one process); otherwise i
 plain tensor parallelism. The model says which modules are stages and their grids
 (`_sequence_grid`, the (H, W) a stage works on); the parallelizer decides here and marks
 every module under a chosen stage that declares a `sequence_mesh` attribute. A model that
-can run whole on rows (`sequence_rows_fit`: crossformer's convolutions with halo rows, in
+can run whole on rows (`sequence_rows_fit`: wxformer's convolutions with halo rows, in
 fast mode) is marked whole when every stage splits: then nothing is gathered between the
 input and the output.
 

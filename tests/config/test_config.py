@@ -17,7 +17,7 @@ CREDIT = [sys.executable, "-m", "credit.cli"]
 
 def test_default_config_composes_with_every_group():
     cfg = compose_config([])
-    assert cfg.model.name == "wxformer_next"
+    assert cfg.model.name == "nextgen_wxformer"
     assert cfg.data.root == "data/embedded"
     assert cfg.trainer.parallelism.data == "none" and cfg.trainer.parallelism.tensor == 1
     assert "hydra" not in cfg
@@ -48,7 +48,7 @@ def test_overrides_apply():
         ("model.depth=[1,1]", "model.depth"),
         ("model.cross_embed_kernel_sizes=[[1],[2,4],[2,4],[2,4]]", "model.cross_embed_kernel_sizes[0]"),
         ("model.attn_dropout=1.5", "model.attn_dropout=1.5"),
-        ("model=crossformer model.padding_conf.mode=zeros", "model.padding_conf.mode"),
+        ("model=wxformer model.padding_conf.mode=zeros", "model.padding_conf.mode"),
         ("model=windowformer model.padding=zeros", "model.padding='zeros'"),
         ("model.gemm=exact", "model.gemm='exact'"),
         ("model.spectral_norm_tp=gather", "model.spectral_norm_tp='gather'"),
@@ -59,14 +59,14 @@ def test_overrides_apply():
         ("trainer.parallelism.mixed_precision=fp8", "trainer.parallelism.mixed_precision='fp8'"),
         ("trainer.parallelism.sequence_parallel=true", "sequence_parallel=True is invalid: needs trainer.parallelism.tensor > 1"),
         ("model=windowformer trainer.parallelism.tensor=2 trainer.parallelism.sequence_parallel=true",
-         "model.name in ['crossformer', 'wxformer_next'], got 'windowformer'"),
+         "model.name in ['crossformer', 'wxformer', 'nextgen_wxformer'], got 'windowformer'"),
         ("trainer.ema.decay=1.0", "trainer.ema.decay=1.0"),
         ("trainer.optimizer.betas=[0.9,1.2]", "trainer.optimizer.betas"),
         ("data.train_period=[2001-01-01,2000-01-01]", "data.train_period"),
         ("data.valid_period=[2000-14-01,2001-01-01]", "data.valid_period='2000-14-01'"),
         ("data.history_len=0", "data.history_len=0"),
         ("+trainer.loss.variable_weights.XYZ=2", "XYZ"),
-        ("model=nope", "model/nope'; available: crossformer, windowformer, wxformer_next"),
+        ("model=nope", "model/nope'; available: crossformer, nextgen_wxformer, windowformer, wxformer"),
     ],
 )
 def test_bad_config_is_one_error_naming_the_key(override, named):
@@ -83,7 +83,7 @@ def test_deterministic_mode_refuses_only_a_tensor_degree_it_cannot_reproduce():
     for tensor in (2, 4):
         assert compose_config(["model.gemm=deterministic", f"trainer.parallelism.tensor={tensor}"])
     with pytest.raises(ConfigError) as info:
-        compose_config(["model.gemm=deterministic", "model=crossformer", "model.dim=[96,192,384,768]",
+        compose_config(["model.gemm=deterministic", "model=wxformer", "model.dim=[96,192,384,768]",
                         "model.dim_head=32", "trainer.parallelism.tensor=3"])
     assert "power of two" in str(info.value) and "\n" not in str(info.value)
 
@@ -132,7 +132,7 @@ def test_configs_ship_inside_a_non_editable_install(tmp_path):
                             text=True, cwd=tmp_path, timeout=120,
                             env={**os.environ, "PYTHONPATH": env_path, "PYTHONSAFEPATH": "1"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["wxformer_next", "3"]
+    assert result.stdout.split() == ["nextgen_wxformer", "3"]
 
 
 def test_yaml_groups_never_restate_a_schema_default():

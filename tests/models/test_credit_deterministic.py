@@ -23,9 +23,9 @@ MODELS = {
     # stages 2 and 3, not whole 32-row leaves). Spectral norm off: its backward runs on each
     # rank's gradient before the dp sum, so it is bitwise across tp degrees
     # (tests/parallel/test_credit_deterministic_tp.py) but not across dp degrees
-    "crossformer": dict(type="crossformer", use_spectral_norm=False,
+    "wxformer": dict(type="wxformer", use_spectral_norm=False,
                         padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
-    "wxformer_next": dict(type="wxformer_next", use_spectral_norm=False, col_attn_heads=2,
+    "nextgen_wxformer": dict(type="nextgen_wxformer", use_spectral_norm=False, col_attn_heads=2,
                           num_spectral_nodes=8, decoder_col_attn=True),
 }
 IN_CHANNELS = 2 * 2 + 1 + 2
@@ -59,7 +59,7 @@ def test_a_forecast_is_the_same_alone_or_in_a_batch(name):
         fast = model(name, "fast").eval()
         fast.load_state_dict(net.state_dict())
         # the same function as the fast mode, up to float32 reassociation (a LayerNorm over
-        # wxformer_next's two output channels in the decoder's column attention amplifies it)
+        # nextgen_wxformer's two output channels in the decoder's column attention amplifies it)
         reference = fast(x)
         assert ((reference - batched).abs().max() / reference.abs().max()).item() < 1e-4
 
@@ -110,7 +110,7 @@ def _ops_of_a_training_step(name: str, gemm: str) -> set[str]:
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    extra = dict(col_attn_stride=2) if name == "wxformer_next" else dict(padding_conf=None)
+    extra = dict(col_attn_stride=2) if name == "nextgen_wxformer" else dict(padding_conf=None)
     kind, values = resolve_credit_model({**COMMON, **MODELS[name], **RESIZING, **extra})
     net = build_credit_model(kind, values, gemm).train()
     x = torch.randn(2, IN_CHANNELS, 1, 32, 64)
@@ -131,11 +131,13 @@ def test_deterministic_resize_and_position_bias_gather_are_torchs_up_to_rounding
     from credit.models.credit_convs import resize
     from credit.models.credit_layers import gather_position_bias, relative_bias_indices
 
+    torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 7, requires_grad=True)
     for size in [(10, 14), (8, 21), (3, 4), (5, 9)]:
         ours = resize(x, size, deterministic=True)
         theirs = torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
-        assert torch.allclose(ours, theirs, rtol=0, atol=1e-6), size
+        # two weighted sums against torch's one: a few float32 roundings of |x| ~ 3 apart
+        assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), size
         g = torch.randn_like(theirs)
         (mine,) = torch.autograd.grad(ours, x, g)
         (ref,) = torch.autograd.grad(theirs, x, g)

@@ -6,6 +6,8 @@ an input and CREDIT's eval-mode output. Acceptance: max |ours - CREDIT| / max |C
 <= 1e-5, in one process here and at tp=2 in tests/parallel/test_credit_tp.py.
 """
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,11 @@ import torch
 
 from credit.models.credit_checkpoint import (CreditCheckpointError, from_credit, read_credit_model_section,
                                              read_credit_state_dict)
-from credit.models.credit_config import resolve_credit_model
+from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.credit_remap import remap_conv_state_dict
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_reference"
-NAMES = ["crossformer_earthpad_sn", "crossformer_frames2_diag", "wxformer_next_conv_sn", "wxformer_next_linear"]
+NAMES = sorted(folder.name for folder in FIXTURES.iterdir() if (folder / "model.yml").exists())
 TOLERANCE = 1e-5
 
 
@@ -41,7 +43,7 @@ def test_forward_matches_credit_in_one_process(name):
 
 
 def test_state_dict_keys_are_credits():
-    """A Linear-format CREDIT checkpoint (today's wxformer_next) has the model's keys and
+    """A Linear-format CREDIT checkpoint (today's nextgen_wxformer) has the model's keys and
     shapes exactly."""
     folder = FIXTURES / "wxformer_next_linear"
     credit = torch.load(folder / "checkpoint.pt", weights_only=False)["model_state_dict"]
@@ -90,22 +92,53 @@ def test_wrapped_and_bare_state_dicts_load(tmp_path):
     ({"post_conf": {"activate": True}}, "model.post_conf"),
     ({"patch_height": 2}, "model.patch_height"),
     ({"output_frames": 2}, "model.output_frames"),
-    ({"attention_type": "scse_standard"}, "model.attention_type"),
-    ({"dims": [8, 16, 32, 64]}, "model.dims"),
-    ({"type": "unet"}, "model.type"),
+    ({"diffusion": True}, "model.diffusion"),
+    ({"type": "unet"}, "model.type='unet' is another of CREDIT's model types"),
+    ({"type": "wxformer_next"}, "model.type='wxformer_next' is not a CREDIT model type"),
 ])
-def test_unsupported_credit_keys_are_refused_by_name(change, named):
+def test_what_credit_acts_on_and_credit_does_not_is_refused_by_name(change, named):
     section = {**read_credit_model_section(FIXTURES / "crossformer_earthpad_sn" / "model.yml"), **change}
-    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(named)):
         resolve_credit_model(section)
+
+
+def test_credit_type_names_mean_credits_classes():
+    """CREDIT's registry: crossformer = the older CrossFormer, wxformer and wxformer_base =
+    the current one, nextgen_wxformer = NextGenWXFormer."""
+    section = read_credit_model_section(FIXTURES / "crossformer_earthpad_sn" / "model.yml")
+    built = {}
+    for kind in ("crossformer", "wxformer", "wxformer_base"):
+        name, values = resolve_credit_model({**section, "type": kind})
+        built[kind] = type(build_credit_model(name, values)).__module__
+    assert built == {"crossformer": "credit.models.crossformer", "wxformer": "credit.models.wxformer",
+                     "wxformer_base": "credit.models.wxformer"}
+
+
+def test_keys_credit_ignores_are_ignored_with_one_warning(caplog):
+    """CREDIT's current CrossFormer takes these through **kwargs and does nothing with them
+    (as CREDIT's own example configs set them): the forecast is CREDIT's all the same."""
+    folder = FIXTURES / "crossformer_earthpad_sn"
+    section = {**read_credit_model_section(folder / "model.yml"), "upsample_v_conv": True,
+               "decoder_attention_type": "scse", "frame_patch_size": 1, "attention_type": "scse_standard",
+               "dims": [8, 16, 32, 64]}
+    with caplog.at_level(logging.WARNING):
+        model = from_credit(section, folder / "checkpoint.pt")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    for key in ("attention_type", "decoder_attention_type", "dims", "frame_patch_size", "upsample_v_conv"):
+        assert f"model.{key}" in warnings[0]
+    with torch.no_grad():
+        out = model(torch.load(folder / "input.pt"))
+    assert relative_difference(out, torch.load(folder / "output.pt")) <= TOLERANCE
 
 
 def test_keys_credit_ignores_are_reported(caplog):
     section = {**read_credit_model_section(FIXTURES / "wxformer_next_linear" / "model.yml"),
-               "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [2, 2], "pad_lon": [2, 2]}}
+               "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [2, 2], "pad_lon": [2, 2]},
+               "post_conf": {"activate": True}}  # NextGenWXFormer reads neither
     kind, values = resolve_credit_model(section)
-    assert kind == "wxformer_next" and "padding_conf" not in values
-    assert "model.padding_conf" in caplog.text
+    assert kind == "nextgen_wxformer" and "padding_conf" not in values
+    assert "model.padding_conf" in caplog.text and "model.post_conf" in caplog.text
 
 
 def test_a_checkpoint_of_another_shape_is_one_clear_error(tmp_path):
@@ -121,7 +154,7 @@ def test_a_checkpoint_of_another_shape_is_one_clear_error(tmp_path):
 def test_an_input_of_another_layout_names_the_expected_one():
     folder = FIXTURES / "wxformer_next_linear"
     model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
-    with pytest.raises(ValueError, match=r"wxformer_next expects input \(B, 21, 2, 32, 64\)"):
+    with pytest.raises(ValueError, match=r"nextgen_wxformer expects input \(B, 21, 2, 32, 64\)"):
         model(torch.zeros(1, 21, 1, 32, 64))
 
 
@@ -130,7 +163,7 @@ def test_a_grid_wxformer_next_cannot_tile_names_the_window_and_the_grid_that_wou
     from credit.config.validate import ConfigError
     from credit.models import build_model
 
-    cfg = compose_config([])  # the default wxformer_next: strides 2 and windows up to 4
+    cfg = compose_config([])  # the default nextgen_wxformer: strides 2 and windows up to 4
     layout = dict(in_channels=21, out_channels=18, state_channels=18, history_len=1, grid=(45, 90),
                   credit_channels=dict(channels=4, levels=4, surface_channels=2, input_only_channels=3,
                                        output_only_channels=0, frames=1, image_height=45, image_width=90))

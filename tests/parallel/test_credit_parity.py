@@ -14,7 +14,7 @@ from tiny import tiny_data_overrides
 REPO = Path(__file__).resolve().parents[2]
 CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-CROSSFORMER = ["model=crossformer", "model.dim=[16,32,64,128]", "model.dim_head=8",
+CROSSFORMER = ["model=wxformer", "model.dim=[16,32,64,128]", "model.dim_head=8",
                "model.local_window_size=[2,2,2,1]", "model.global_window_size=[2,2,1,1]",
                "model.use_spectral_norm=true", "model.padding_conf.activate=true",
                "model.padding_conf.pad_lat=[8,8]", "model.padding_conf.pad_lon=[0,0]"]

@@ -1,7 +1,7 @@
 """A converted CREDIT checkpoint resumes at dp2 x tp2 (FSDP2 over tensor-parallel groups),
 still forecasts what CREDIT forecasts there, trains, and rolls out.
 
-The checkpoint is CREDIT's conv-format wxformer_next with spectral norm (fused q/k/v split,
+The checkpoint is CREDIT's conv-format nextgen_wxformer with spectral norm (fused q/k/v split,
 σ kept), on a generated dataset of the fixture's channel layout (4 upper-air variables at
 4 levels, 2 surface, 3 input-only, 32x64)."""
 

@@ -21,7 +21,7 @@ def test_default_model_trains_two_steps_at_dp2_tp2(tiny_data, tmp_path):
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
-    assert "world 4 = dp 2 x tp 2" in log and "training wxformer_next" in log
+    assert "world 4 = dp 2 x tp 2" in log and "training nextgen_wxformer" in log
     assert "step 2/2" in log and " MiB " in log.split("step 2/2")[1].splitlines()[0]  # the peak
     rows = read_metrics(run / "metrics.csv")
     assert [r["step"] for r in rows] == ["1", "2"] and all(float(r["peak_mem_mib"]) > 50 for r in rows)

@@ -30,9 +30,9 @@ TINY_CREDIT = dict(image_height=16, image_width=32, frames=1, channels=2, levels
                    cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
                    attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
 TINY_MODELS = {
-    "crossformer": dict(type="crossformer",
+    "wxformer": dict(type="wxformer",
                         padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
-    "wxformer_next": dict(type="wxformer_next", col_attn_heads=2, num_spectral_nodes=8),
+    "nextgen_wxformer": dict(type="nextgen_wxformer", col_attn_heads=2, num_spectral_nodes=8),
 }
 
 

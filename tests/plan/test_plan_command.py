@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-CROSSFORMER = ["model=crossformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
+CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
                "model.dim=[16,32,64,128]", "trainer.batch_size=1"]
 
 

@@ -42,7 +42,7 @@ def test_ddp_sends_twice_the_half_of_its_gradients():
 def test_tensor_and_sequence_parallelism_divide_the_step_memory():
     """On a grid whose every stage splits over 4 ranks (256 x 512), tp=4 shards attention and
     feed-forward, and sequence parallelism the rest of the activations too."""
-    crossformer = ["model=crossformer", "model.dim=[32,64,128,256]", "trainer.batch_size=1"]
+    crossformer = ["model=wxformer", "model.dim=[32,64,128,256]", "trainer.batch_size=1"]
     traces = {}
     for tp, sp in ((1, False), (4, False), (4, True)):
         cfg = compose_config([*crossformer, f"trainer.parallelism.tensor={tp}",

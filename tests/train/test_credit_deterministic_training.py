@@ -17,7 +17,7 @@ from test_deterministic_training import _same_bits
 from tiny import tiny_data_overrides
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-CROSSFORMER = ["model=crossformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
+CROSSFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
                "model.local_window_size=[2,2,2,1]", "model.global_window_size=[2,2,1,1]",
                "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
                "model.padding_conf.pad_lon=[0,0]", "model.gemm=deterministic",

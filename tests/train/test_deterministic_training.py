@@ -1,6 +1,6 @@
 """`model.gemm=deterministic` through `credit train`: the layout changes no bit.
 
-The default model (CREDIT's wxformer_next at the schema's widths: its 32-wide attention is
+The default model (CREDIT's nextgen_wxformer at the schema's widths: its 32-wide attention is
 kept whole on every tp rank, the 64-wide one at tp=4, everything else is split) on the tiny
 16x32 dataset, one global batch of 4 samples, dropout 0.1 on attention and feed-forward, EMA on,
 12 steps (validation at 6 and 12) at every (dp, tp) in {(1,1), (1,2), (1,4), (2,1), (2,2), (4,1)} (FSDP2 with tensor
