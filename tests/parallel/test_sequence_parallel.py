@@ -32,7 +32,7 @@ WIDTHS = {2: [64, 128, 256, 512], 4: [128, 256, 512, 1024]}  # whole heads and 3
 
 # an odd padded height, as CREDIT's 0.25 degree grid (721 + 2 x 40 rows): the input splits in
 # whole strides of the first cross-embedding, the row left over on the last rank
-ODD_ROWS = {"crossformer_odd_rows": dict(type="wxformer", image_height=17, padding_conf=dict(
+ODD_ROWS = {"wxformer_odd_rows": dict(type="wxformer", image_height=17, padding_conf=dict(
     activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0]))}
 
 
@@ -109,8 +109,8 @@ def test_deterministic_sequence_parallel_is_bitwise_one_process(tp):
         per_rank = [r[name] for r in results]
         assert [r["wrong"] for r in per_rank] == [[]] * tp, per_rank[0]["wrong"][:8]
         assert all(r["sharded"] > 0 for r in per_rank)
-        # stage 0 is 16 rows (crossformer: the 32-row padded grid) or 8 (nextgen_wxformer): split
-        whole = 16 if name == "wxformer" else 8
+        # stage 0 is 16 rows (the crossformers: the 32-row padded grid) or 8 (nextgen_wxformer): split
+        whole = 8 if name == "nextgen_wxformer" else 16
         assert set(per_rank[0]["rows"]) == {whole // tp}, per_rank[0]["rows"]
         # the decoder keeps whole grids in deterministic mode (one process's bits)
         assert set(per_rank[0]["decoder_rows"]) == {whole // 2}, per_rank[0]["decoder_rows"]
@@ -122,9 +122,10 @@ def test_fast_sequence_parallel_matches_one_process():
         assert [r[name]["wrong"] for r in results] == [[], []], results[0][name]["wrong"][:8]
         whole = 8 if name == "nextgen_wxformer" else 16
         assert set(results[0][name]["rows"]) == {whole // 2}
-        # crossformer runs whole on rows (halo convolutions, group norms over ranks); the
-        # nextgen_wxformer's column attention and bottleneck keep its decoder on whole grids
-        decoder = whole // 2 if name == "nextgen_wxformer" else whole // 2 // 2
+        # wxformer runs whole on rows (halo convolutions, group norms over ranks); the
+        # nextgen_wxformer's column attention and bottleneck, and the older crossformer's
+        # transposed convolutions and decoder attention keep their decoders on whole grids
+        decoder = whole // 2 // 2 if name in ("wxformer", "wxformer_odd_rows") else whole // 2
         assert set(results[0][name]["decoder_rows"]) == {decoder}, results[0][name]["decoder_rows"]
 
 

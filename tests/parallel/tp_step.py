@@ -30,8 +30,12 @@ TINY_CREDIT = dict(image_height=16, image_width=32, frames=1, channels=2, levels
                    cross_embed_kernel_sizes=[[2, 4]] * 4, cross_embed_strides=[2, 2, 2, 2],
                    attn_dropout=0.1, ff_dropout=0.1, use_spectral_norm=True)
 TINY_MODELS = {
-    "wxformer": dict(type="wxformer",
+    # the older CrossFormer: transposed-convolution decoder (kernel 2 and the kernel-4 head)
+    # with CREDIT's depthwise squeeze-excitation after each up block
+    "crossformer": dict(type="crossformer", attention_type="scse_optimized",
                         padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
+    "wxformer": dict(type="wxformer",
+                     padding_conf=dict(activate=True, mode="earth", pad_lat=[8, 8], pad_lon=[0, 0])),
     "nextgen_wxformer": dict(type="nextgen_wxformer", col_attn_heads=2, num_spectral_nodes=8),
 }
 

@@ -1,8 +1,8 @@
-"""`credit train` with CREDIT's crossformer in deterministic mode: data parallelism changes
-no bit, and spectral norm with data parallelism is refused.
+"""`credit train` with CREDIT's two CrossFormers in deterministic mode: data parallelism
+changes no bit, and spectral norm with data parallelism is refused.
 
 Earth padding, dropout 0.1, EMA on, one global batch of 4, 8 steps with validation at 4 and
-8: one process against dp2 (FSDP2, 2 samples per rank). Every metrics.csv value and every
+8 (the older crossformer with its bilinear decoder and mixed decoder attention): one process against dp2 (FSDP2, 2 samples per rank). Every metrics.csv value and every
 final model, EMA and optimizer tensor equal bitwise. Tensor parallelism of both CREDIT
 models is bitwise at the model level (tests/parallel/test_credit_deterministic_tp.py); the
 whole (dp, tp) matrix through `credit train` is run on the default model
@@ -13,17 +13,20 @@ import os
 import subprocess
 import sys
 
+import pytest
 from test_deterministic_training import _same_bits
 from tiny import tiny_data_overrides
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-CROSSFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
+WXFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
                "model.local_window_size=[2,2,2,1]", "model.global_window_size=[2,2,1,1]",
                "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
                "model.padding_conf.pad_lon=[0,0]", "model.gemm=deterministic",
                "model.attn_dropout=0.1", "model.ff_dropout=0.1", "trainer.max_steps=8",
                "trainer.valid_every_n_steps=4", "trainer.checkpoint.every_n_steps=0",
                "data.valid_samples=4", "trainer.ema.enabled=true"]
+CROSSFORMER = ["model=crossformer", "model.upsample_v_conv=true", "model.attention_type=mixed",
+               *WXFORMER[1:]]
 
 
 def _train(nproc, *overrides):
@@ -31,11 +34,12 @@ def _train(nproc, *overrides):
                           capture_output=True, text=True, env=ENV, timeout=600)
 
 
-def test_crossformer_one_process_and_dp2_are_bitwise_equal(tiny_data, tmp_path):
+@pytest.mark.parametrize("model", [WXFORMER, CROSSFORMER], ids=["wxformer", "crossformer"])
+def test_one_process_and_dp2_are_bitwise_equal(model, tiny_data, tmp_path):
     runs = {}
     for dp in (1, 2):
         run = tmp_path / f"dp{dp}"
-        result = _train(dp, *tiny_data_overrides(tiny_data, *CROSSFORMER, f"trainer.batch_size={4 // dp}",
+        result = _train(dp, *tiny_data_overrides(tiny_data, *model, f"trainer.batch_size={4 // dp}",
                                                  "trainer.parallelism.data=fsdp2", f"run_dir={run}"))
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         runs[dp] = run
