@@ -17,6 +17,10 @@ commands:
                                  forecasts from a checkpoint of the run (same overrides as train, plus
                                  rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
+  check --credit-config CREDIT.yml [KEY=VALUE ...]
+                                 read a CREDIT config's model: section as CREDIT reads it: the CREDIT
+                                 class, its parameter count (built on the meta device), the keys CREDIT
+                                 ignores or this project refuses, then the resolved config
   plan [--gpus 1,2,4,8] [--gpu-memory 80] [--global-batch B] [--grid NLATxNLON]
        [--credit-config CREDIT.yml] [KEY=VALUE ...]
                                  per-rank memory and communication of every (dp, tp, sequence-parallel,
@@ -216,10 +220,27 @@ def _check(overrides: Sequence[str]) -> int:
 
     from credit.config import ConfigError, compose_config
 
+    credit_lines: list[str] = []
+    if overrides[:1] == ["--credit-config"]:
+        if len(overrides) < 2:
+            return _fail("usage: credit check --credit-config CREDIT.yml [KEY=VALUE ...]")
+        from credit.checkpoint.from_credit import describe_credit_model
+
+        try:
+            credit_lines, refused, model_overrides = describe_credit_model(overrides[1])
+        except ValueError as error:  # CreditCheckpointError: the file; ValueError: the type
+            return _fail(str(error))
+        if refused:
+            print("\n".join(credit_lines))
+            return _fail(refused[0])
+        overrides = [*model_overrides, *overrides[2:]]
     try:
         cfg = compose_config(overrides)
     except ConfigError as error:
         return _fail(str(error))
+    if credit_lines:
+        print("\n".join(credit_lines))
+        print("# the resolved config")
     print(OmegaConf.to_yaml(cfg), end="")
     print("config OK", file=sys.stderr)
     return 0

@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 from credit.checkpoint.manager import _quiet_single_process
 from credit.config import compose_config
 from credit.models.credit_checkpoint import load_credit_weights, read_credit_model_section, read_credit_state_dict
-from credit.models.credit_config import build_credit_model, credit_spec, resolve_credit_model
+from credit.models.credit_config import (CREDIT_CLASSES, build_credit_model, count_parameters, credit_spec,
+                                         ignored_keys, refused_keys, resolve_credit_model)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,26 @@ def model_overrides(kind: str, values: Mapping[str, Any]) -> list[str]:
             continue
         overrides.append(f"model.{key}={_hydra_value(value)}")
     return overrides
+
+
+def describe_credit_model(credit_config: str | Path) -> tuple[list[str], list[str], list[str]]:
+    """What `credit check --credit-config` prints about a CREDIT config's `model:` section:
+    (report lines, refused lines, the model overrides). The model is built on the meta
+    device (nothing allocated), with any refused key set aside, to count its parameters."""
+    section = read_credit_model_section(credit_config)
+    refused = refused_keys(section)
+    kind, values = resolve_credit_model(section, warn=False, refuse=False)
+    credit_count, ours = count_parameters(kind, values)
+    overrides = model_overrides(kind, values)
+    lines = [f"CREDIT config: {credit_config}",
+             f"model.type: {section['type']} -> CREDIT's {CREDIT_CLASSES[kind]}, built here as model={kind}",
+             f"parameters: {credit_count:,} as CREDIT counts them"
+             + (f" ({ours:,} here: CREDIT also builds a cube_embedding it never calls at patch size 1)"
+                if ours != credit_count else "")]
+    lines += [f"model.{key}: ignored, as CREDIT ignores it" for key in ignored_keys(section)]
+    lines += [f"refused: {line}" for line in refused]
+    lines.append("model overrides: " + " ".join(overrides))
+    return lines, refused, overrides
 
 
 def convert_credit_checkpoint(credit_config: str | Path, source: str | Path, out: str | Path,

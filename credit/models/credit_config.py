@@ -112,19 +112,37 @@ def credit_type(kind: Any) -> str:
                      f"{sorted([*TYPES, *ALIASES])}")
 
 
-def resolve_credit_model(section: Mapping[str, Any], warn: bool = True) -> tuple[str, dict[str, Any]]:
-    """(type, every argument with CREDIT's defaults filled in) of a CREDIT `model:` section.
-
-    Raises ValueError naming the key for an unknown type or a feature this project does not
-    implement; warns once (unless `warn` is false) for the keys CREDIT's class ignores.
-    """
-    section = dict(section)
-    kind = credit_type(section.pop("type", None))
+def refused_keys(section: Mapping[str, Any]) -> list[str]:
+    """One line per key of a CREDIT `model:` section that CREDIT acts on and this project
+    does not implement (empty: the section can be built as CREDIT builds it)."""
+    kind = credit_type(section.get("type"))
+    lines = []
     for key in sorted(_ACTS_ON_INACTIVE[kind] & set(section)):
         active, allowed = _INACTIVE_ONLY[key]
         if active(section[key]):
-            raise ValueError(f"model.{key}={section[key]!r} is not supported by credit's {kind}; "
-                             f"allowed: {allowed}")
+            value = section[key]
+            shown = f"{{activate: true, {', '.join(k for k in value if k != 'activate')}}}" \
+                if isinstance(value, Mapping) else repr(value)
+            lines.append(f"model.{key}={shown} is not supported by credit's {kind}; allowed: {allowed}")
+    return lines
+
+
+def resolve_credit_model(section: Mapping[str, Any], warn: bool = True,
+                         refuse: bool = True) -> tuple[str, dict[str, Any]]:
+    """(type, every argument with CREDIT's defaults filled in) of a CREDIT `model:` section.
+
+    Raises ValueError naming the key for an unknown type or a feature this project does not
+    implement (`refuse=False` sets such keys aside instead); warns once (unless `warn` is
+    false) for the keys CREDIT's class ignores.
+    """
+    refused = refused_keys(section)
+    if refused and refuse:
+        raise ValueError(refused[0])
+    section = dict(section)
+    kind = credit_type(section.pop("type", None))
+    if "padding_conf" in DEFAULTS[kind]:
+        section = _parser_padding(section)
+    for key in _ACTS_ON_INACTIVE[kind] & set(section):
         section.pop(key)
     ignored = sorted(set(section) - set(DEFAULTS[kind]))
     if ignored and warn:
@@ -139,7 +157,44 @@ def resolve_credit_model(section: Mapping[str, Any], warn: bool = True) -> tuple
 def ignored_keys(section: Mapping[str, Any]) -> list[str]:
     """The keys of a CREDIT `model:` section that CREDIT's class takes and ignores."""
     kind = credit_type(section.get("type"))
+    if "padding_conf" in DEFAULTS[kind]:
+        section = _parser_padding(section)
     return sorted(set(section) - {"type"} - _ACTS_ON_INACTIVE[kind] - set(DEFAULTS[kind]))
+
+
+def _parser_padding(section: dict[str, Any]) -> dict[str, Any]:
+    """What CREDIT's config parser (`credit/parser.py`, run by its trainer and rollout) does
+    to the padding keys before the model is built: model-level `pad_lat` and `pad_lon`
+    without a `padding_conf` become mirror padding, and a single pad size n becomes [n, n]."""
+    section = dict(section)
+    conf = section.get("padding_conf")
+    if conf is None and "pad_lat" in section and "pad_lon" in section:
+        lat, lon = int(section.pop("pad_lat")), int(section.pop("pad_lon"))
+        section["padding_conf"] = {"activate": True, "mode": "mirror", "pad_lat": [lat, lat], "pad_lon": [lon, lon]}
+    elif isinstance(conf, Mapping) and conf.get("activate", False):
+        section["padding_conf"] = {key: [value, value] if key in ("pad_lat", "pad_lon") and isinstance(value, int)
+                                   else value for key, value in conf.items()}
+    return section
+
+
+def count_parameters(kind: str, values: Mapping[str, Any]) -> tuple[int, int]:
+    """(CREDIT's parameter count, this project's) of the model, built on the meta device.
+
+    CREDIT's two CrossFormers also build a `cube_embedding` (a Conv3d over the frames and a
+    LayerNorm) that they never call at patch size 1; this project leaves it out, so its
+    count is lower by exactly that. Spectral norm adds no parameters (u and v are buffers),
+    so the count is taken without it (its power iterations are slow on the meta device)."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_credit_model(kind, {**values, "use_spectral_norm": False})
+    ours = sum(p.numel() for p in model.parameters())
+    if kind == "nextgen_wxformer":
+        return ours, ours
+    spec = credit_spec(values)
+    in_channels, width = spec.frame_channels * spec.frames, spec.dim[0]
+    cube_embedding = width * in_channels * spec.frames + width + 2 * width  # Conv3d (T, 1, 1) + LayerNorm
+    return ours + cube_embedding, ours
 
 
 def padding_from_conf(conf: Mapping[str, Any] | None) -> BoundaryPadding | None:

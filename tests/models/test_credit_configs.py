@@ -1,0 +1,78 @@
+"""Every config file in CREDIT's repository whose model is one of CREDIT's three classes
+reads here as CREDIT reads it.
+
+tests/fixtures/credit_configs/configs.json holds each file's `model:` section as YAML loads
+it and the parameter count CREDIT's own `load_model` gave (see that folder's README). For
+each: `credit check --credit-config` names CREDIT's class and the same count, built on the
+meta device; the keys CREDIT ignores are named as ignored; a section is refused only for a
+post block, which this project does not run yet, and then with one line naming
+`model.post_conf`; every other section gives the model overrides that `credit
+convert-checkpoint` and `credit plan` compose and validate.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from credit.checkpoint.from_credit import describe_credit_model
+from credit.config import compose_config
+
+INVENTORY = json.loads((Path(__file__).parent.parent / "fixtures" / "credit_configs" / "configs.json").read_text())
+CONFIGS = {entry["path"]: entry for entry in INVENTORY["configs"]}
+
+
+def _post_blocks_on(section: dict) -> bool:
+    return bool((section.get("post_conf") or {}).get("activate", False))
+
+
+def test_the_inventory_covers_both_crossformers():
+    kinds = {entry["type"] for entry in CONFIGS.values()}
+    assert {"crossformer", "wxformer"} <= kinds and len(CONFIGS) >= 20
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS))
+def test_credit_config_reads_as_credit_reads_it(path, tmp_path):
+    entry = CONFIGS[path]
+    file = tmp_path / "credit.yml"
+    file.write_text(yaml.safe_dump({"model": entry["model"]}))
+    lines, refused, overrides = describe_credit_model(file)
+    assert f"CREDIT's {entry['credit_class']}," in lines[1]
+    assert lines[2].startswith(f"parameters: {entry['parameters']:,} as CREDIT counts them"), lines[2]
+    for key in ("frame_patch_size", "decoder_attention_type", "static_channels"):
+        if key in entry["model"]:
+            assert f"model.{key}: ignored, as CREDIT ignores it" in lines
+    if _post_blocks_on(entry["model"]):
+        assert len(refused) == 1 and refused[0].startswith("model.post_conf="), refused
+        return
+    assert refused == []
+    cfg = compose_config(overrides)  # what convert-checkpoint and plan compose
+    assert cfg.model.name == ("wxformer" if entry["type"] == "wxformer_base" else entry["type"])
+
+
+def test_credit_check_command_prints_the_class_count_and_config(tmp_path):
+    entry = CONFIGS["config/gen_2/smoke/smoke_gen2_casper.yml"]
+    file = tmp_path / "credit.yml"
+    file.write_text(yaml.safe_dump({"model": entry["model"]}))
+    result = subprocess.run([sys.executable, "-m", "credit.cli", "check", "--credit-config", str(file),
+                             "trainer.max_steps=3"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "credit.models.crossformer.CrossFormer, built here as model=crossformer" in result.stdout
+    assert f"parameters: {entry['parameters']:,}" in result.stdout
+    assert "max_steps: 3" in result.stdout and "name: crossformer" in result.stdout
+
+
+def test_credit_check_refuses_a_post_block_in_one_line(tmp_path):
+    path = next(p for p, e in sorted(CONFIGS.items()) if _post_blocks_on(e["model"]))
+    file = tmp_path / "credit.yml"
+    file.write_text(yaml.safe_dump({"model": CONFIGS[path]["model"]}))
+    result = subprocess.run([sys.executable, "-m", "credit.cli", "check", "--credit-config", str(file)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "model.post_conf=" in errors[0], result.stderr
