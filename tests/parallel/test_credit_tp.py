@@ -1,7 +1,8 @@
 """CREDIT's checkpoints forecast what CREDIT forecasts under tensor parallelism, and train
 the same: the fixtures of tests/models/test_credit_models.py at tp=2 on real gloo ranks
 (every fixture's first stage has two heads, so tp=2 is the largest split they allow), their
-output against CREDIT's and every parameter's gradient against one process's."""
+output against CREDIT's and every parameter's gradient against one process's; and with
+sequence parallelism at tp=2, every stage whose rows split evenly on rows."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from launcher import run_ranks
 from credit.models.credit_checkpoint import from_credit
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_reference"
-NAMES = ["crossformer_earthpad_sn", "crossformer_frames2_diag", "wxformer_next_conv_sn", "wxformer_next_linear"]
+NAMES = sorted(folder.name for folder in FIXTURES.iterdir() if (folder / "model.yml").exists())
 TOLERANCE = 1e-5
 
 
@@ -33,9 +34,10 @@ def _tp_forward_backward(names):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from credit.parallel import apply_native_tensor_parallel
+    from credit.parallel import apply_native_tensor_parallel, build_device_mesh, parallelize_model, resolve_layout
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    layout = build_device_mesh(resolve_layout(dist.get_world_size(), "none", dist.get_world_size()), "cpu")
     results = {}
     for name in names:
         folder = FIXTURES / name
@@ -43,6 +45,13 @@ def _tp_forward_backward(names):
         sharded = apply_native_tensor_parallel(model, mesh)
         out, grads = _loss_gradients(model, folder)
         results[name] = (sharded, relative_difference(out, torch.load(folder / "output.pt")), grads)
+        # sequence parallelism: the stages whose rows split run on rows, the rest as plain tp
+        model = from_credit(folder / "model.yml", folder / "checkpoint.pt")
+        parallelize_model(model, layout, "none", sequence_parallel=True)
+        on_rows = sum(getattr(m, "sequence_mesh", None) is not None for m in model.modules())
+        with torch.no_grad():
+            sp_out = model(torch.load(folder / "input.pt"))
+        results[name + "/sp"] = (on_rows, relative_difference(sp_out, torch.load(folder / "output.pt")))
     return results
 
 
@@ -71,3 +80,6 @@ def test_forward_matches_credit_and_gradients_match_one_process_at_tp2():
             assert any(".dpb." in n for n in errors)
             worst = max(errors, key=errors.get)
             assert errors[worst] <= 1e-2, (name, worst, errors[worst])
+            on_rows, sp_difference = rank_result[name + "/sp"]
+            assert on_rows > 0, name  # some stage really runs on rows
+            assert sp_difference <= TOLERANCE, (name, "sequence parallel", sp_difference)
