@@ -21,6 +21,7 @@ from torch import nn
 
 from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.credit_remap import remap_conv_state_dict
+from credit.models.postblocks import WithPostBlocks, build_post_blocks
 
 # path components that DDP, torch.compile, FSDP1 and activation checkpointing insert
 _WRAPPERS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -31,20 +32,25 @@ class CreditCheckpointError(ValueError):
     """A CREDIT checkpoint or config that cannot be loaded; the message names the file."""
 
 
+def read_credit_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """A whole CREDIT config: a path to its YAML, or the dict."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(Path(source)), resolve=False)
+    except Exception as exc:  # OSError, or omegaconf's/yaml's parse errors
+        reason = " ".join(str(exc).split())  # a YAML error spans lines: one line, as every error here
+        raise CreditCheckpointError(f"{source}: cannot read the CREDIT config ({reason})") from None
+    if not isinstance(data, Mapping):
+        raise CreditCheckpointError(f"{source}: a CREDIT config is a mapping with a model: section")
+    return dict(data)
+
+
 def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """The `model:` section of a CREDIT config (a path to its YAML, or the dict; a dict
     without `model:` is taken as the section itself)."""
-    if isinstance(source, Mapping):
-        data, where = dict(source), "the given config"
-    else:
-        where = str(source)
-        try:
-            data = OmegaConf.to_container(OmegaConf.load(Path(source)), resolve=False)
-        except Exception as exc:  # OSError, or omegaconf's/yaml's parse errors
-            reason = " ".join(str(exc).split())  # a YAML error spans lines: one line, as every error here
-            raise CreditCheckpointError(f"{where}: cannot read the CREDIT config ({reason})") from None
-    if not isinstance(data, Mapping):
-        raise CreditCheckpointError(f"{where}: a CREDIT config is a mapping with a model: section")
+    where = "the given config" if isinstance(source, Mapping) else str(source)
+    data = read_credit_config(source)
     section = data.get("model", data)
     if not isinstance(section, Mapping) or "type" not in section:
         raise CreditCheckpointError(f"{where}: no model: section with a type (crossformer, wxformer, wxformer_base "
@@ -100,8 +106,24 @@ def load_credit_weights(model: nn.Module, state: Mapping[str, torch.Tensor], whe
 
 def from_credit(credit_config: str | Path | Mapping[str, Any], checkpoint: str | Path) -> nn.Module:
     """CREDIT's model as its config describes it, with the checkpoint's weights, in eval
-    mode. It takes and returns CREDIT's layout: (B, C, T, H, W) -> (B, C_out, 1, H, W)."""
-    kind, values = resolve_credit_model(read_credit_model_section(credit_config))
+    mode. It takes and returns CREDIT's layout: (B, C, T, H, W) -> (B, C_out, 1, H, W).
+
+    An active `model.post_conf` adds CREDIT's post blocks after the model
+    (`credit.models.postblocks`): they need the config's `data:` section (a path to the
+    whole CREDIT config), whose relative paths are looked for beside the config file, then
+    in the working directory."""
+    section = read_credit_model_section(credit_config)
+    post_blocks = None
+    if isinstance(section.get("post_conf"), Mapping) and section["post_conf"].get("activate", False):
+        config = read_credit_config(credit_config)
+        if "model" not in config:
+            config = {"model": section}
+        where = Path(credit_config).parent if not isinstance(credit_config, Mapping) else Path.cwd()
+        post_blocks = build_post_blocks(config, where)
+        section = {k: v for k, v in section.items() if k != "post_conf"}
+    kind, values = resolve_credit_model(section)
     model = build_credit_model(kind, values)
     load_credit_weights(model, read_credit_state_dict(checkpoint), str(checkpoint))
+    if post_blocks is not None:
+        model = WithPostBlocks(model, post_blocks)
     return model.eval()

@@ -7,6 +7,7 @@ sequence parallelism at tp=2, every stage whose rows split evenly on rows."""
 from pathlib import Path
 
 import torch
+from credit_fixtures import physical_difference
 from launcher import run_ranks
 
 from credit.models.credit_checkpoint import from_credit
@@ -83,3 +84,34 @@ def test_forward_matches_credit_and_gradients_match_one_process_at_tp2():
             on_rows, sp_difference = rank_result[name + "/sp"]
             assert on_rows > 0, name  # some stage really runs on rows
             assert sp_difference <= TOLERANCE, (name, "sequence parallel", sp_difference)
+
+
+POST_BLOCKS = Path(__file__).parent.parent / "fixtures" / "credit_postblocks"
+POST_BLOCK_NAMES = sorted(f.name for f in POST_BLOCKS.iterdir() if (f / "credit.yml").exists())
+
+
+def _post_block_forecasts(names):
+    """Each post-block fixture's forecast with the model at tp=2, then with sequence
+    parallelism at tp=2: the fixers run on the whole forecast every rank holds."""
+    import torch.distributed as dist
+
+    from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
+
+    layout = build_device_mesh(resolve_layout(dist.get_world_size(), "none", dist.get_world_size()), "cpu")
+    results = {}
+    for name in names:
+        folder = POST_BLOCKS / name
+        for sequence in (False, True):
+            model = from_credit(folder / "credit.yml", folder / "checkpoint.pt")
+            parallelize_model(model.model, layout, "none", sequence_parallel=sequence)
+            with torch.no_grad():
+                results[name, sequence] = model(torch.load(folder / "input.pt"))
+    return results
+
+
+def test_post_blocks_forecast_credits_numbers_at_tp2_and_with_sequence_parallelism():
+    for rank_result in run_ranks(_post_block_forecasts, 2, POST_BLOCK_NAMES):
+        for (name, sequence), ours in rank_result.items():
+            model = from_credit(POST_BLOCKS / name / "credit.yml", POST_BLOCKS / name / "checkpoint.pt")
+            difference = physical_difference(model, ours, torch.load(POST_BLOCKS / name / "output.pt"))
+            assert difference <= 1e-5, (name, sequence, difference)

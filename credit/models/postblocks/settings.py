@@ -1,0 +1,153 @@
+"""CREDIT's `post_conf` read as CREDIT's config parser reads it (`credit/parser.py`): the
+channel names of the output and the input, the channel indices each fixer works on, the
+statistics that de-normalise them and the physics file of the conservation fixers.
+
+Channel names: the output is each upper-air variable at every level (variable-major), then
+the surface variables, then the diagnostics; an index list is every output position whose
+name the fixer names, in output order. Statistics are CREDIT's `std_new` scaler: one
+variable per name in the mean and std files, upper-air ones taken by position along their
+level dimension, applied in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import xarray as xr
+
+from credit.models.postblocks.physics import ColumnPhysics
+
+FIXERS = ("tracer_fixer", "global_mass_fixer", "global_water_fixer", "global_energy_fixer")
+# post_conf modules CREDIT's PostBlock runs that are not built here (any other module
+# name, e.g. `global_drymass_fixer`, CREDIT's PostBlock never reads)
+OTHER_MODULES = ("skebs", "global_energy_fixer_updown")
+
+
+class PostBlockConfigError(ValueError):
+    """A `post_conf` or `data` key that cannot be honoured; the message names it."""
+
+
+@dataclass
+class ChannelLayout:
+    """The output's channel names, and the statistics of the state channels."""
+
+    output_names: list[str]
+    state_channels: int  # upper-air levels + surface: the channels x and y share, first
+    mean: torch.Tensor = field(repr=False)  # (C_out,) float32
+    std: torch.Tensor = field(repr=False)
+
+    def indices(self, names: list[str], key: str) -> list[int]:
+        found = [i for i, name in enumerate(self.output_names) if name in names]
+        if not found:
+            raise PostBlockConfigError(f"post_conf.{key}={names} names no output channel; the output holds "
+                                       f"{sorted(set(self.output_names))}")
+        return found
+
+    def contiguous(self, names: list[str], key: str) -> slice:
+        """CREDIT's fixers slice from the first index to the last: the channels must be one run."""
+        found = self.indices(names, key)
+        if found != list(range(found[0], found[-1] + 1)):
+            raise PostBlockConfigError(f"post_conf.{key}={names} gives output channels {found}, which are not "
+                                       f"contiguous as CREDIT's fixers need")
+        return slice(found[0], found[-1] + 1)
+
+
+def _names(data: Mapping[str, Any], key: str) -> list[str]:
+    return list(data.get(key) or [])
+
+
+def resolve_path(value: Any, key: str, config_dir: Path) -> Path:
+    """A path of the CREDIT config: as given when absolute; a relative one is looked for
+    beside the config file, then (as CREDIT opens it) in the working directory."""
+    if not value:
+        raise PostBlockConfigError(f"{key} is needed by the post blocks and is not set")
+    path = Path(str(value)).expanduser()
+    candidates = [path] if path.is_absolute() else [config_dir / path, Path.cwd() / path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise PostBlockConfigError(f"{key}={value}: no such file (looked for {', '.join(map(str, candidates))})")
+
+
+def channel_layout(data: Mapping[str, Any], levels: int, config_dir: Path) -> ChannelLayout:
+    """The output channels of CREDIT's gen1 data section and their `std_new` statistics."""
+    if "source" in data:
+        raise PostBlockConfigError("data.source: CREDIT's post blocks are read from the gen1 data section "
+                                   "(data.variables, ...) here; a gen2 data section is not yet")
+    scaler = data.get("scaler_type", "std_new")
+    if scaler != "std_new":
+        raise PostBlockConfigError(f"data.scaler_type={scaler!r}: the post blocks de-normalise with CREDIT's "
+                                   f"std_new scaler only")
+    upper, surface, diagnostic = _names(data, "variables"), _names(data, "surface_variables"), \
+        _names(data, "diagnostic_variables")
+    output = [name for name in upper for _ in range(levels)] + surface + diagnostic
+    stats = []
+    for key in ("mean_path", "std_path"):
+        path = resolve_path(data.get(key), f"data.{key}", config_dir)
+        with xr.open_dataset(path) as ds:
+            values = []
+            for name in upper + surface + diagnostic:
+                if name not in ds:
+                    raise PostBlockConfigError(f"data.{key}={path}: has no variable {name!r}")
+                array = torch.tensor(ds[name].values, dtype=torch.float64)
+                values += [array[i] for i in range(levels)] if name in upper else [array.reshape(())]
+        stats.append(torch.stack(values).to(torch.float32))
+    return ChannelLayout(output, len(upper) * levels + len(surface), stats[0], stats[1])
+
+
+def column_physics(post_conf: Mapping[str, Any], data: Mapping[str, Any], config_dir: Path) -> ColumnPhysics:
+    """The grid and levels of the physics file, as the mass fixer's section names them
+    (CREDIT's water and energy fixers read the mass fixer's `lon_lat_level_name`,
+    `grid_type` and `midpoint` too)."""
+    mass = post_conf.get("global_mass_fixer") or {}
+    for key in ("lon_lat_level_name", "grid_type"):
+        if key not in mass and not (key == "grid_type" and mass.get("activate")):
+            raise PostBlockConfigError(f"post_conf.global_mass_fixer.{key} is needed by CREDIT's conservation "
+                                       f"fixers (they read it from the mass fixer's section) and is not set")
+    names = list(mass["lon_lat_level_name"])
+    path = resolve_path(data.get("save_loc_physics"), "data.save_loc_physics", config_dir)
+    with xr.open_dataset(path) as ds:
+        missing = [n for n in names if n not in ds]
+        if missing:
+            raise PostBlockConfigError(f"data.save_loc_physics={path}: has no {missing} "
+                                       f"(post_conf.global_mass_fixer.lon_lat_level_name)")
+        field_of = {n: torch.from_numpy(ds[n].values).float() for n in names}
+    lon, lat = field_of[names[0]], field_of[names[1]]
+    midpoint = bool(mass.get("midpoint", False))
+    if mass.get("grid_type", "pressure") == "sigma":
+        if len(names) < 4:
+            raise PostBlockConfigError("post_conf.global_mass_fixer.lon_lat_level_name needs [lon, lat, a, b] "
+                                       "for grid_type: sigma")
+        return ColumnPhysics(lon, lat, midpoint=midpoint, coef_a=field_of[names[2]], coef_b=field_of[names[3]])
+    return ColumnPhysics(lon, lat, midpoint=midpoint, pressure=field_of[names[2]])
+
+
+def physics_field(data: Mapping[str, Any], name: str, key: str, config_dir: Path) -> torch.Tensor:
+    """One variable of the physics file (e.g. surface geopotential), float32."""
+    path = resolve_path(data.get("save_loc_physics"), "data.save_loc_physics", config_dir)
+    with xr.open_dataset(path) as ds:
+        if name not in ds:
+            raise PostBlockConfigError(f"data.save_loc_physics={path}: has no {name!r} ({key})")
+        return torch.from_numpy(ds[name].values).float()
+
+
+def active_fixers(post_conf: Mapping[str, Any] | None) -> list[str]:
+    """The fixers a `post_conf` turns on, in CREDIT's order; one error naming a module that
+    acts on the forecast and is not built here."""
+    if not post_conf or not post_conf.get("activate", False):
+        return []
+    other = [m for m in OTHER_MODULES if (post_conf.get(m) or {}).get("activate", False)]
+    if other:
+        raise PostBlockConfigError(f"post_conf.{other[0]} is active: credit builds CREDIT's {', '.join(FIXERS)} "
+                                   f"post blocks, not {other[0]}")
+    active = [m for m in FIXERS if (post_conf.get(m) or {}).get("activate", False)]
+    outside = [m for m in active if m != "tracer_fixer" and post_conf[m].get("activate_outside_model", False)]
+    if outside:
+        raise PostBlockConfigError(f"post_conf.{outside[0]}.activate_outside_model=true: CREDIT's trainer and "
+                                   f"rollout then apply it outside the model, which credit does not yet; set it "
+                                   f"false to apply it inside the model's forward")
+    return active
