@@ -123,7 +123,12 @@ def refused_keys(section: Mapping[str, Any]) -> list[str]:
             value = section[key]
             shown = f"{{activate: true, {', '.join(k for k in value if k != 'activate')}}}" \
                 if isinstance(value, Mapping) else repr(value)
-            lines.append(f"model.{key}={shown} is not supported by credit's {kind}; allowed: {allowed}")
+            if key == "post_conf":
+                lines.append(f"model.post_conf={shown}: CREDIT's post blocks run in from_credit forecasts "
+                             f"(credit.models.from_credit), not yet in credit train, rollout, convert-checkpoint "
+                             f"or plan; allowed there: {allowed}")
+            else:
+                lines.append(f"model.{key}={shown} is not supported by credit's {kind}; allowed: {allowed}")
     return lines
 
 
