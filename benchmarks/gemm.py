@@ -15,13 +15,13 @@ gpu-square on a GPU):
 - experiment: every projection of the composed experiment's model (`--override KEY=VALUE`
   adjusts the config) at its batch size, traced on the meta device;
 - credit:FILE: every projection of the model a CREDIT `model:` section describes, batch 1
-  (benchmarks/configs/crossformer_0.25deg.yml is CREDIT's 0.25-degree crossformer).
+  (benchmarks/configs/wxformer_0.25deg.yml is CREDIT's 0.25-degree wxformer).
 
     PYTHONPATH=. python benchmarks/gemm.py            # full run
     PYTHONPATH=. python benchmarks/gemm.py --quick    # 1 thread, fewer shapes
     PYTHONPATH=. python benchmarks/gemm.py --quick --out benchmarks/results/gemm_cpu.md
     PYTHONPATH=. python benchmarks/gemm.py --backends triton,cuda --dtypes bfloat16,float32 \
-        --shapes gpu-square,experiment,credit:benchmarks/configs/crossformer_0.25deg.yml
+        --shapes gpu-square,experiment,credit:benchmarks/configs/wxformer_0.25deg.yml
 
 Backends that cannot run here are listed as "not available on this machine"
 with the reason, and are never timed.

@@ -25,7 +25,7 @@ heap pages the allocator keeps.
     python benchmarks/memory.py [--grid 181x360] [--tp 1,2,4,2sp,4sp,4spr] [--rounds 3] [--steps 2]
                                 [--out FILE] [KEY=VALUE ...]
 
-The default model is CREDIT's crossformer with widths 32-256, earth-padded from 181x360 to
+The default model is CREDIT's wxformer with widths 32-256, earth-padded from 181x360 to
 192x384 (the default experiment's nextgen_wxformer does not tile 181 rows); KEY=VALUE overrides
 change it.
 """

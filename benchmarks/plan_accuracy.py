@@ -14,7 +14,7 @@ it returns is such scratch, and `tensor_peak` leaves it out; `peak` keeps it.
     python benchmarks/plan_accuracy.py [--grid 16x32] [KEY=VALUE ...]
 
 generates a dataset of the grid, then for one process, tp2 with sequence parallelism, dp2 x tp2
-(FSDP2 and DDP) and dp2 (FSDP2) on CREDIT's crossformer (widths 16-128, batch 4 per replica)
+(FSDP2 and DDP) and dp2 (FSDP2) on CREDIT's wxformer (widths 16-128, batch 4 per replica)
 prints the measured step memory of the last rank (with and without the kernels' scratch), the
 estimate, and the parameter, gradient and optimizer bytes of both. tests/plan holds the first
 three within 10%.
@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     grid = tuple(int(n) for n in args.grid.split("x"))
     mib = 2**20
-    lines = [f"# credit plan against measured steps ({args.grid}, CREDIT's crossformer 16-128)", "",
+    lines = [f"# credit plan against measured steps ({args.grid}, CREDIT's wxformer 16-128)", "",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, gloo, OMP_NUM_THREADS=1 per rank; the last rank; "
              "MiB. measured: the allocator's peak above the step's start (tensors: without the kernels' "
              "scratch); plan: the traced step.", "",

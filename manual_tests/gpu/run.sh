@@ -220,7 +220,7 @@ else
     TRAIN_STEPS=200
     KERNEL_TESTS=(-q -rs -p no:cacheprovider tests/kernels/test_gemm_gpu.py tests/kernels/test_gemm_api.py)
     GEMM=(--backends triton,cuda --dtypes bfloat16,float32 --repeat 5 --min-time 0.02
-          --shapes gpu-square,experiment,credit:benchmarks/configs/crossformer_0.25deg.yml)
+          --shapes gpu-square,experiment,credit:benchmarks/configs/wxformer_0.25deg.yml)
     DET_STEPS=12
 fi
 TRAIN_COMMON=("${EXPERIMENT[@]}" trainer.device=$DEVICE trainer.max_steps=$TRAIN_STEPS

@@ -76,3 +76,12 @@ def test_credit_check_refuses_a_post_block_in_one_line(tmp_path):
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.post_conf=" in errors[0], result.stderr
+
+
+def test_the_docs_table_lists_every_config_with_its_count():
+    page = (Path(__file__).parents[2] / "docs" / "credit_models.md").read_text()
+    for path, entry in CONFIGS.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{path}` |")), None)
+        assert row is not None, path
+        assert f"| {entry['parameters']:,} |" in row, row
+        assert ("refused" in row) == _post_blocks_on(entry["model"]), row

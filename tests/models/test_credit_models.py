@@ -52,7 +52,7 @@ def test_state_dict_keys_are_credits():
 
 
 def test_crossformer_keys_are_credits_in_linear_form():
-    """CREDIT's crossformer still stores 1x1 convolutions: its keys are the model's once
+    """CREDIT's older crossformer still stores 1x1 convolutions: its keys are the model's once
     q/k/v are split and the kernels squeezed (its unused cube embedding aside)."""
     folder = FIXTURES / "crossformer_frames2_diag"
     credit = remap_conv_state_dict(read_credit_state_dict(folder / "checkpoint.pt"))

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_credit_025deg_crossformer_shapes_follow_from_its_config():
-    section = yaml.safe_load((REPO / "benchmarks/configs/crossformer_0.25deg.yml").read_text())["model"]
+    section = yaml.safe_load((REPO / "benchmarks/configs/wxformer_0.25deg.yml").read_text())["model"]
     counts = credit_section_gemms(section)
     # stage 0 sees the padded grid (721 + 2*40) x (1440 + 2*80) halved by the first stride
     height = (section["image_height"] + sum(section["padding_conf"]["pad_lat"])) // 2

@@ -1,4 +1,4 @@
-"""CREDIT's crossformer trains the same in one process and on dp2 x tp2 (FSDP2 over
+"""CREDIT's wxformer trains the same in one process and on dp2 x tp2 (FSDP2 over
 tensor-parallel groups) with everything on: spectral norm on the tp shards, earth padding,
 activation checkpointing, EMA and the SDC checks. Per-step losses within 1e-5 relative
 (float32 reassociation in the row-parallel reductions), judged by

@@ -36,12 +36,12 @@ def test_plan_prints_every_layout_and_what_fits(tmp_path):
 
 
 def test_plan_reads_the_model_of_a_credit_config():
-    result = _plan("--gpus", "1", "--credit-config", "benchmarks/configs/crossformer_0.25deg.yml",
+    result = _plan("--gpus", "1", "--credit-config", "benchmarks/configs/wxformer_0.25deg.yml",
                    "--global-batch", "1", "trainer.parallelism.mixed_precision=bf16")
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("| 1 "))
     peak = float(row.split("|")[10])
-    assert 20 < peak < 80, row  # CREDIT's 0.25° crossformer, one sample in fp32: tens of GiB
+    assert 20 < peak < 80, row  # CREDIT's 0.25° wxformer, one sample in fp32: tens of GiB
 
 
 @pytest.mark.parametrize("args, message", [

@@ -2,7 +2,7 @@
 
 The estimate of a step's memory (peak minus what is held between steps) must be within 10%
 of the measured one, and the parameter, gradient and optimizer bytes of a dp2 x tp2 rank
-within 10% too, on CREDIT's crossformer at a small size (benchmarks/plan_accuracy.py measures).
+within 10% too, on CREDIT's wxformer at a small size (benchmarks/plan_accuracy.py measures).
 """
 
 import pytest
