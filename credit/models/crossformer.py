@@ -9,8 +9,9 @@ block doubles the grid with a transposed convolution (kernel 2, stride 2) or, wi
 (`credit.models.decoder_attention`); the output head is a transposed convolution
 (kernel 4, stride 2, padding 1) or bilinear x2 + 3x3 convolution.
 
-Takes and returns CREDIT's layout, (B, C, T, H, W) -> (B, C_out, 1, H, W), as `wxformer`.
-Under sequence parallelism its transformer stages run on rows; the decoder runs whole.
+Takes and returns CREDIT's layout, (B, C, T, H, W) -> (B, C_out, 1, H, W), through
+`WXFormer`'s forward. Under sequence parallelism its transformer stages run on rows; the
+decoder runs whole.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import torch
 from torch import nn
 
 from credit.models.credit_convs import resize
-from credit.models.credit_layers import check_windows
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.decoder_attention import decoder_attention
 from credit.models.modes import layer_kit
-from credit.models.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
+from credit.models.wxformer import CreditSpec, WXFormer
 
 
 class Bilinear2x(nn.Module):
@@ -84,51 +84,29 @@ def check_even_padding(spec: CreditSpec) -> None:
                              f"kernel >= the stride {stride} and differing from it by an even number, got {odd}")
 
 
-class CrossFormer(nn.Module):
-    """CREDIT's older CrossFormer (registry type `crossformer`); state-dict keys are
-    CREDIT's once its 1x1-convolution projections are in Linear form."""
+class CrossFormer(WXFormer):
+    """CREDIT's older CrossFormer (registry type `crossformer`): `WXFormer`'s encoder and
+    forward with the older decoder; state-dict keys are CREDIT's once its 1x1-convolution
+    projections are in Linear form."""
 
-    input_layout = "credit"  # (B, C, T, H, W) in, (B, C_out, 1, H, W) out
-    # the units data parallelism wraps one by one: each stage's cross-embedding and transformer, each up block
-    _shard_units = ("layers.0", "layers.1", "layers.2", "layers.3", "up_block1", "up_block2", "up_block3", "up_block4")
+    credit_type = "crossformer"
 
     def __init__(self, spec: CreditSpec, *, interp: bool = True, padding: BoundaryPadding | None = None,
                  upsample_v_conv: bool = False, attention_type: str | None = None, gemm: str = "fast") -> None:
-        super().__init__()
-        check_decoder_widths(spec.dim)
         check_even_padding(spec)
-        self.spec, self.use_interp, self.padding = spec, interp, padding
-        self.deterministic = gemm == "deterministic"
-        padded = padding.padded(spec.grid) if padding else spec.grid
-        if padding:
-            padding.check(spec.grid)
-        check_windows(padded, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
-                      "the padded grid" if padding else "the grid")
-        self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm, padded)
+        super().__init__(spec, interp=interp, padding=padding, gemm=gemm, upsample_v_conv=upsample_v_conv,
+                         attention_type=attention_type)
+
+    def build_decoder(self, spec: CreditSpec, gemm: str, *, upsample_v_conv: bool = False,
+                      attention_type: str | None = None) -> None:
         last, groups = spec.dim[-1], spec.dim[0]
         blocks = dict(upsample_v_conv=upsample_v_conv, attention_type=attention_type, gemm=gemm)
         self.up_block1 = UpBlock(last, last // 2, groups, **blocks)
         self.up_block2 = UpBlock(last, last // 4, groups, **blocks)
         self.up_block3 = UpBlock(last // 2, last // 8, groups, **blocks)
         self.up_block4 = output_head(last // 4, spec.output_channels, upsample_v_conv, gemm)
-        number_dropouts(self)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spec = self.spec
-        spec.check_input(x, "crossformer")
-        if self.padding:
-            x = self.padding.pad(x)
-        x = x.flatten(1, 2)  # channel-major, time-minor
-        encodings = []
-        for embed, transformer in self.layers:
-            x = transformer(embed(x))
-            encodings.append(x)
-        x = torch.cat([self.up_block1(x), encodings[2]], dim=1)
-        x = torch.cat([self.up_block2(x), encodings[1]], dim=1)
-        x = torch.cat([self.up_block3(x), encodings[0]], dim=1)
-        x = self.up_block4(x)
-        if self.padding:
-            x = self.padding.unpad(x)
-        if self.use_interp:
-            x = resize(x, spec.grid, self.deterministic)
-        return x.unsqueeze(2).clone()  # a fresh tensor: see WXFormer.forward
+    def sequence_rows_fit(self, tp: int) -> str | None:
+        """Only the transformer stages run on rows: the transposed convolutions and decoder
+        attention (global means) work on the whole grid."""
+        return "the older CrossFormer's decoder runs on the whole grid"

@@ -12,6 +12,7 @@ C_out = channels·levels + surface_channels + output_only_channels, the full nex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,8 +116,10 @@ class WXFormer(nn.Module):
     # set by credit.parallel.sequence when the whole model runs on rows (sequence_rows_fit)
     sequence_mesh: DeviceMesh | None = None
 
+    credit_type = "wxformer"  # CREDIT's registry name, in errors
+
     def __init__(self, spec: CreditSpec, *, interp: bool = True,
-                 padding: BoundaryPadding | None = None, gemm: str = "fast") -> None:
+                 padding: BoundaryPadding | None = None, gemm: str = "fast", **decoder: Any) -> None:
         super().__init__()
         check_decoder_widths(spec.dim)
         self.spec, self.use_interp, self.padding = spec, interp, padding
@@ -127,12 +130,17 @@ class WXFormer(nn.Module):
         check_windows(padded, spec.cross_embed_strides, spec.local_window_size, spec.global_window_size,
                       "the padded grid" if padding else "the grid")
         self.layers = build_encoder(spec, spec.frame_channels * spec.frames, gemm, padded)
+        self.build_decoder(spec, gemm, **decoder)
+        number_dropouts(self)
+
+    def build_decoder(self, spec: CreditSpec, gemm: str) -> None:
+        """`up_block1`..`up_block3` (each doubling the grid; the skips are concatenated after
+        the first two and the third) and the output head `up_block4`."""
         last = spec.dim[-1]
         self.up_block1 = UpBlockPS(last, last // 2, spec.dim[0], gemm=gemm)
         self.up_block2 = UpBlockPS(last, last // 4, spec.dim[0], gemm=gemm)
         self.up_block3 = UpBlockPS(last // 2, last // 8, spec.dim[0], gemm=gemm)
         self.up_block4 = output_head(last // 4, spec.output_channels, icnr=True, gemm=gemm)
-        number_dropouts(self)
 
     def sequence_rows_fit(self, tp: int) -> str | None:
         """Why the whole model cannot run on rows split over `tp` ranks (None: it can).
@@ -163,7 +171,7 @@ class WXFormer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        spec.check_input(x, "wxformer")
+        spec.check_input(x, self.credit_type)
         if self.padding:
             x = self.padding.pad(x)
         x = x.flatten(1, 2)  # channel-major, time-minor
