@@ -61,6 +61,11 @@ def _same_bits(ref: Path, other: Path, *options: str) -> None:
     assert "ema " in counts and "optim " in counts, result.stdout  # EMA and optimizer compared
 
 
+# the module fixture trains nine layouts (one to four ranks each) before the first test: its
+# setup alone takes most of pytest's default 600 s on two busy cores
+pytestmark = pytest.mark.timeout(1500)
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory):
     from tiny import tiny_data_overrides
