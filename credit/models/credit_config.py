@@ -143,13 +143,13 @@ def resolve_credit_model(section: Mapping[str, Any], warn: bool = True,
     refused = refused_keys(section)
     if refused and refuse:
         raise ValueError(refused[0])
+    ignored = ignored_keys(section)
     section = dict(section)
     kind = credit_type(section.pop("type", None))
     if "padding_conf" in DEFAULTS[kind]:
         section = _parser_padding(section)
     for key in _ACTS_ON_INACTIVE[kind] & set(section):
         section.pop(key)
-    ignored = sorted(set(section) - set(DEFAULTS[kind]))
     if ignored and warn:
         log.warning("CREDIT's %s takes %s through **kwargs and ignores them; so does credit",
                     CREDIT_CLASSES[kind], ", ".join(f"model.{k}" for k in ignored))
