@@ -8,7 +8,7 @@ import torch
 
 def physical_difference(model: torch.nn.Module, ours: torch.Tensor, credit: torch.Tensor) -> float:
     """The largest per-channel |ours - CREDIT| / max |CREDIT| of two normalised forecasts
-    of a model with post blocks (`WithPostBlocks`), in physical units."""
+    of a model with post blocks (`model.post_blocks`), in physical units."""
     fixer = model.post_blocks.fixers[0]
     ours, credit = ours * fixer.std + fixer.mean, credit * fixer.std + fixer.mean
     per_channel = (ours - credit).abs().amax(dim=(0, 2, 3, 4)) / credit.abs().amax(dim=(0, 2, 3, 4))

@@ -19,9 +19,12 @@ from credit.checkpoint.manager import CheckpointError, checkpoint_keys, checkpoi
 
 # Keys outside `model.*` that fix the model's channel layout.
 LAYOUT_KEYS = ("data.variables", "data.levels", "data.history_len")
-# `model.*` keys that may differ from the checkpoint's: same parameters, other arithmetic
-# (gemm), regularisation (dropouts) or tensor-parallel placement (spectral_norm_tp).
-MUTABLE_MODEL_KEYS = ("model.attn_dropout", "model.ff_dropout", "model.gemm", "model.spectral_norm_tp")
+# `model.*` keys (and sections) that may differ from the checkpoint's: same parameters, other
+# arithmetic (gemm), regularisation (dropouts), tensor-parallel placement (spectral_norm_tp)
+# or post-processing of the forecast (post_conf: CREDIT's post blocks hold no parameters,
+# and checkpoints written before it existed lack it).
+MUTABLE_MODEL_KEYS = ("model.attn_dropout", "model.ff_dropout", "model.gemm", "model.spectral_norm_tp",
+                      "model.post_conf")
 
 
 def stored_config(path: Path) -> DictConfig | None:
@@ -57,7 +60,7 @@ def model_config_differences(run: DictConfig, stored: DictConfig) -> list[str]:
             continue
         ours, theirs = _flatten(_section(run, dotted), dotted), _flatten(_section(stored, dotted), dotted)
         for key in sorted(set(ours) | set(theirs)):
-            if key in MUTABLE_MODEL_KEYS:
+            if any(key == m or key.startswith(m + ".") for m in MUTABLE_MODEL_KEYS):
                 continue
             a, b = ours.get(key, "<absent>"), theirs.get(key, "<absent>")
             if a != b:

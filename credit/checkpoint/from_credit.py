@@ -22,25 +22,17 @@ from omegaconf import OmegaConf
 
 from credit.checkpoint.manager import _quiet_single_process
 from credit.config import compose_config
-from credit.models.credit_checkpoint import load_credit_weights, read_credit_model_section, read_credit_state_dict
+from credit.models.credit_checkpoint import (load_credit_weights, read_credit_config, read_credit_model_section,
+                                             read_credit_state_dict)
 from credit.models.credit_config import (CREDIT_CLASSES, build_credit_model, count_parameters, credit_spec,
-                                         ignored_keys, refused_keys, resolve_credit_model)
+                                         hydra_value, ignored_keys, post_conf_overrides, refused_keys,
+                                         resolve_credit_model)
 
 log = logging.getLogger(__name__)
 
 OVERRIDES_FILE = "credit_overrides.txt"
 _PER_STAGE = ("dim", "depth", "global_window_size", "local_window_size", "cross_embed_kernel_sizes",
               "cross_embed_strides")
-
-
-def _hydra_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    return str(value)
 
 
 def model_overrides(kind: str, values: Mapping[str, Any]) -> list[str]:
@@ -53,9 +45,9 @@ def model_overrides(kind: str, values: Mapping[str, Any]) -> list[str]:
             conf = dict(value or {"activate": False})
             for sub in ("activate", "mode", "pad_lat", "pad_lon"):
                 if sub in conf:
-                    overrides.append(f"model.padding_conf.{sub}={_hydra_value(conf[sub])}")
+                    overrides.append(f"model.padding_conf.{sub}={hydra_value(conf[sub])}")
             continue
-        overrides.append(f"model.{key}={_hydra_value(value)}")
+        overrides.append(f"model.{key}={hydra_value(value)}")
     return overrides
 
 
@@ -63,20 +55,28 @@ def describe_credit_model(credit_config: str | Path) -> tuple[list[str], list[st
     """What `credit check --credit-config` prints about a CREDIT config's `model:` section:
     (report lines, refused lines, the model overrides). The model is built on the meta
     device (nothing allocated), with any refused key set aside, to count its parameters."""
-    section = read_credit_model_section(credit_config)
+    config = read_credit_config(credit_config)
+    section = read_credit_model_section(config)
     refused = refused_keys(section)
     kind, values = resolve_credit_model(section, warn=False, refuse=False)
     credit_count, ours = count_parameters(kind, values)
     overrides = model_overrides(kind, values)
+    post_blocks, post_ignored = [], []
+    if not refused:
+        post_blocks, post_ignored = post_conf_overrides(section, config.get("data"), Path(credit_config).parent)
     lines = [f"CREDIT config: {credit_config}",
              f"model.type: {section['type']} -> CREDIT's {CREDIT_CLASSES[kind]}, built here as model={kind}",
              f"parameters: {credit_count:,} as CREDIT counts them"
              + (f" ({ours:,} here: CREDIT also builds a cube_embedding it never calls at patch size 1)"
                 if ours != credit_count else "")]
-    lines += [f"model.{key}: ignored, as CREDIT ignores it" for key in ignored_keys(section)]
+    lines += [f"model.{key}: ignored, as CREDIT ignores it" for key in [*ignored_keys(section), *post_ignored]]
     lines += [f"refused: {line}" for line in refused]
-    lines.append("model overrides: " + " ".join(overrides))
-    return lines, refused, overrides
+    if post_blocks:
+        active = sorted({o.split(".")[2] for o in post_blocks if o.startswith("model.post_conf.") and
+                         o.endswith(".activate=true") and o.count(".") == 3})
+        lines.append(f"post blocks: {', '.join(active)} (CREDIT's post_conf, as model.post_conf)")
+    lines.append("model overrides: " + " ".join([*overrides, *post_blocks]))
+    return lines, refused, [*overrides, *post_blocks]
 
 
 def convert_credit_checkpoint(credit_config: str | Path, source: str | Path, out: str | Path,
@@ -91,8 +91,13 @@ def convert_credit_checkpoint(credit_config: str | Path, source: str | Path, out
         raise FileExistsError(f"{out} already exists; refusing to overwrite it (choose a new path)")
     if not source.is_file():
         raise FileNotFoundError(f"CREDIT checkpoint {source} is not a file")
-    kind, values = resolve_credit_model(read_credit_model_section(credit_config))
-    overrides = model_overrides(kind, values)
+    config = read_credit_config(credit_config)
+    section = read_credit_model_section(config)
+    kind, values = resolve_credit_model(section)
+    post_blocks, post_ignored = post_conf_overrides(section, config.get("data"), Path(credit_config).parent)
+    if post_ignored:
+        log.warning("CREDIT's post blocks do not read %s; neither does credit", ", ".join(f"model.{k}" for k in post_ignored))
+    overrides = [*model_overrides(kind, values), *post_blocks]
     cfg = compose_config([*overrides, *extra_overrides])  # validates the keys as a run will
     model = build_credit_model(kind, values)
     load_credit_weights(model, read_credit_state_dict(source), str(source))

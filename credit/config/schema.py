@@ -84,6 +84,78 @@ class PaddingConf:
 
 
 @dataclass
+class TracerFixerConf:
+    """CREDIT's `tracer_fixer`: each named tracer held at or above its threshold (and below
+    `tracer_thres_max` when set), inside the model's forward."""
+
+    activate: bool = False
+    denorm: bool = True  # work in physical units (the data's mean and std)
+    tracer_name: List[str] = field(default_factory=list)
+    tracer_thres: List[float] = field(default_factory=list)
+    tracer_thres_max: Optional[List[float]] = None
+
+
+@dataclass
+class ConservationFixerConf:
+    """Keys shared by CREDIT's conservation fixers. The grid comes from `data.physics_file`:
+    `lon_lat_level_name` names its longitude, latitude and pressure (or the sigma-level
+    coefficients a, b); CREDIT's water and energy fixers read these three keys from the mass
+    fixer's section, and so does this project."""
+
+    activate: bool = False
+    # CREDIT's trainer and rollout apply it after the model: the mass fixer against the
+    # forecast's initial state, the others against each step's input
+    activate_outside_model: bool = False
+    denorm: bool = True
+    specific_total_water_name: List[str] = field(default_factory=list)
+    surface_pressure_name: List[str] = field(default_factory=list)  # sigma levels
+
+
+@dataclass
+class MassFixerConf(ConservationFixerConf):
+    """CREDIT's `global_mass_fixer`: the global dry-air mass of the input kept."""
+
+    grid_type: str = "pressure"  # pressure | sigma
+    midpoint: bool = False  # quantities between the levels (sigma: a, b are interfaces)
+    fix_level_num: int = 1  # pressure levels: the lowest levels whose moisture is rescaled
+    lon_lat_level_name: List[str] = field(default_factory=list)
+
+
+@dataclass
+class WaterFixerConf(ConservationFixerConf):
+    """CREDIT's `global_water_fixer`: precipitation closes the global water budget."""
+
+    precipitation_name: List[str] = field(default_factory=list)
+    evaporation_name: List[str] = field(default_factory=list)
+
+
+@dataclass
+class EnergyFixerConf(ConservationFixerConf):
+    """CREDIT's `global_energy_fixer`: temperature closes the global energy budget."""
+
+    air_temperature_name: List[str] = field(default_factory=list)
+    u_wind_name: List[str] = field(default_factory=list)
+    v_wind_name: List[str] = field(default_factory=list)
+    surface_geopotential_name: List[str] = field(default_factory=list)  # a variable of the physics file
+    TOA_net_radiation_flux_name: List[str] = field(default_factory=list)
+    surface_net_radiation_flux_name: List[str] = field(default_factory=list)
+    surface_energy_flux_name: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PostConf:
+    """CREDIT's `post_conf` (docs/credit_models.md, "Post blocks"): fixers applied to every
+    forecast step in training, validation and `credit rollout`, on the output channels of
+    `data.variables`, de-normalised with the data's mean and std."""
+
+    activate: bool = False
+    tracer_fixer: TracerFixerConf = field(default_factory=TracerFixerConf)
+    global_mass_fixer: MassFixerConf = field(default_factory=MassFixerConf)
+    global_water_fixer: WaterFixerConf = field(default_factory=WaterFixerConf)
+    global_energy_fixer: EnergyFixerConf = field(default_factory=EnergyFixerConf)
+
+
+@dataclass
 class WXFormerConfig(CreditModelConfig):
     """CREDIT's `wxformer` / `wxformer_base`, the current CrossFormer with a sub-pixel
     decoder (`model=wxformer`)."""
@@ -91,6 +163,7 @@ class WXFormerConfig(CreditModelConfig):
     name: str = "wxformer"
     interp: bool = True
     padding_conf: PaddingConf = field(default_factory=PaddingConf)
+    post_conf: PostConf = field(default_factory=PostConf)
 
 
 @dataclass
@@ -101,6 +174,7 @@ class CrossFormerConfig(CreditModelConfig):
     name: str = "crossformer"
     interp: bool = True
     padding_conf: PaddingConf = field(default_factory=PaddingConf)
+    post_conf: PostConf = field(default_factory=PostConf)
     upsample_v_conv: bool = False  # bilinear x2 + 3x3 convolution instead of ConvTranspose2d
     attention_type: Optional[str] = None  # decoder attention: null | coordinate | eca | spatial | scse_optimized | scse_standard | mixed
 
@@ -169,6 +243,9 @@ class DataConfig:
     history_len: int = 1
     forecast_len: int = 1
     normalize: bool = True
+    # CREDIT's `save_loc_physics` (relative to `root`, or absolute): the longitude, latitude
+    # and levels (pressure, or sigma coefficients) of the conservation post blocks
+    physics_file: Optional[str] = None
     nonfinite: str = "error"  # error | skip_sample: a NaN/inf read from a file
     allow_missing_times: bool = False  # a variable lacking times the others have: warn, not fail
     num_workers: int = 0

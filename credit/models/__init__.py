@@ -2,7 +2,7 @@
 `remap_conv_state_dict` turns CREDIT's convolutional layout into the Linear one), this
 project's compact windowformer, and their helpers (padding, spectral norm, EMA)."""
 
-from credit.models.build import build_model, model_spec
+from credit.models.build import attach_post_blocks, build_model, model_spec
 from credit.models.credit_checkpoint import CreditCheckpointError, from_credit
 from credit.models.ema import EMA
 from credit.models.inputs import model_input
@@ -18,6 +18,7 @@ __all__ = [
     "WindowFormerSpec",
     "advance_spectral_norm",
     "apply_spectral_norm",
+    "attach_post_blocks",
     "build_model",
     "from_credit",
     "has_spectral_norm",

@@ -12,6 +12,7 @@ from torch import nn
 from credit.config.validate import ConfigError
 from credit.models.credit_config import TYPES as CREDIT_TYPES
 from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.postblocks import PostBlockConfigError, run_post_blocks
 from credit.models.spectral_norm import apply_spectral_norm
 from credit.models.windowformer import WindowFormer, WindowFormerSpec
 
@@ -19,8 +20,9 @@ from credit.models.windowformer import WindowFormer, WindowFormerSpec
 _BUILD_KEYS = {"name", "use_spectral_norm", "spectral_norm_tp"}  # the last: for parallelize_model
 # WindowFormerSpec fields that come from the data layout, not from `model.*`.
 _LAYOUT_FIELDS = {"in_channels", "out_channels", "state_channels", "history_len", "grid"}
-# `model.*` keys of CREDIT's models that are this project's, not CREDIT's constructor's
-_OWN_CREDIT_KEYS = {"name", "gemm", "spectral_norm_tp"}
+# `model.*` keys of CREDIT's models that are not CREDIT's constructor's: this project's, and
+# `post_conf`, which `attach_post_blocks` builds from the data
+_OWN_CREDIT_KEYS = {"name", "gemm", "spectral_norm_tp", "post_conf"}
 MODEL_NAMES = ("windowformer", *CREDIT_TYPES)
 # where each CREDIT count comes from in the data config, for the mismatch error
 _DATA_SOURCE = {
@@ -91,3 +93,17 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     if model_cfg.get("use_spectral_norm", False):
         apply_spectral_norm(model, deterministic=spec.gemm == "deterministic")
     return model
+
+
+def attach_post_blocks(model: nn.Module, model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any],
+                       dataset: Any) -> nn.Module:
+    """Give a CREDIT CrossFormer the post blocks of an active `model.post_conf`, on the output
+    channels of `data.*` and the statistics and time step of `dataset`; before any
+    parallelisation (they hold no parameters). One ConfigError naming the key otherwise."""
+    post_conf = model_cfg.get("post_conf")
+    if not post_conf or not post_conf.get("activate", False):
+        return model
+    try:
+        return run_post_blocks(model_cfg, data_cfg, dataset).attach(model)
+    except PostBlockConfigError as error:
+        raise ConfigError(str(error)) from None

@@ -19,9 +19,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.credit_config import POST_BLOCK_TYPES, build_credit_model, resolve_credit_model
 from credit.models.credit_remap import remap_conv_state_dict
-from credit.models.postblocks import WithPostBlocks, build_post_blocks
+from credit.models.postblocks import build_post_blocks
 
 # path components that DDP, torch.compile, FSDP1 and activation checkpointing insert
 _WRAPPERS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -108,22 +108,21 @@ def from_credit(credit_config: str | Path | Mapping[str, Any], checkpoint: str |
     """CREDIT's model as its config describes it, with the checkpoint's weights, in eval
     mode. It takes and returns CREDIT's layout: (B, C, T, H, W) -> (B, C_out, 1, H, W).
 
-    An active `model.post_conf` adds CREDIT's post blocks after the model
-    (`credit.models.postblocks`): they need the config's `data:` section (a path to the
+    An active `model.post_conf` gives the model CREDIT's post blocks
+    (`credit.models.postblocks`), built from the config's `data:` section (a path to the
     whole CREDIT config), whose relative paths are looked for beside the config file, then
-    in the working directory."""
+    in the working directory. As in CREDIT, the fixers inside the model run in its forward;
+    those with `activate_outside_model` are the model's `outside_post_blocks`, which
+    `credit.models.inputs.predict` (training, rollout) runs after it."""
     section = read_credit_model_section(credit_config)
-    post_blocks = None
-    if isinstance(section.get("post_conf"), Mapping) and section["post_conf"].get("activate", False):
+    kind, values = resolve_credit_model(section)
+    model = build_credit_model(kind, values)
+    load_credit_weights(model, read_credit_state_dict(checkpoint), str(checkpoint))
+    if kind in POST_BLOCK_TYPES and isinstance(section.get("post_conf"), Mapping) \
+            and section["post_conf"].get("activate", False):
         config = read_credit_config(credit_config)
         if "model" not in config:
             config = {"model": section}
         where = Path(credit_config).parent if not isinstance(credit_config, Mapping) else Path.cwd()
-        post_blocks = build_post_blocks(config, where)
-        section = {k: v for k, v in section.items() if k != "post_conf"}
-    kind, values = resolve_credit_model(section)
-    model = build_credit_model(kind, values)
-    load_credit_weights(model, read_credit_state_dict(checkpoint), str(checkpoint))
-    if post_blocks is not None:
-        model = WithPostBlocks(model, post_blocks)
+        build_post_blocks(config, where).attach(model)
     return model.eval()

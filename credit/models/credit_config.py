@@ -12,8 +12,10 @@ Any other type of CREDIT's registry is refused with one line naming it. The keys
 CREDIT's constructor arguments with CREDIT's meanings and, where a key is absent, CREDIT's
 defaults. Each class takes further keys through `**kwargs` and does nothing with them: those
 are ignored here too, with one warning naming them. A key CREDIT acts on that this project
-does not implement (post blocks, patch sizes > 1, diffusion, several output frames) is
-refused with one line naming it. This module is the one table of that mapping.
+does not implement (patch sizes > 1, diffusion, several output frames, a post block other
+than the four fixers) is refused with one line naming it. `post_conf` becomes this
+project's `model.post_conf` (`post_conf_overrides`), with `data.save_loc_physics` as
+`data.physics_file`. This module is the one table of that mapping.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from torch import nn
 
 from credit.models.credit_padding import BoundaryPadding
 from credit.models.crossformer import CrossFormer
+from credit.models.postblocks.settings import (FIXERS, OTHER_MODULES, PostBlockConfigError, active_fixers,
+                                               resolve_path)
 from credit.models.spectral_norm import apply_spectral_norm
 from credit.models.wxformer import CreditSpec, WXFormer
 from credit.models.wxformer_next import WXFormerNext
@@ -62,13 +66,26 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # keys the two CrossFormers act on, whose only supported value is the inactive one:
 # key -> (is it active?, allowed). NextGenWXFormer reads none of them.
 _INACTIVE_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "post_conf": (lambda v: bool(v) and bool(dict(v).get("activate", False)), "absent or activate: false"),
     "patch_height": (lambda v: int(v) != 1, "1"),
     "patch_width": (lambda v: int(v) != 1, "1"),
     "output_frames": (lambda v: int(v) != 1, "1"),
     "diffusion": (lambda v: bool(v), "false"),
 }
 _ACTS_ON_INACTIVE = {"crossformer": set(_INACTIVE_ONLY), "wxformer": set(_INACTIVE_ONLY), "nextgen_wxformer": set()}
+# the classes whose forward runs CREDIT's post blocks (NextGenWXFormer ignores `post_conf`)
+POST_BLOCK_TYPES = ("crossformer", "wxformer")
+# the keys of each fixer's section this project reads (`credit.config.schema.PostConf`); the
+# water and energy fixers take their grid from the mass fixer's section, as CREDIT's do
+_CONSERVATION = ("activate", "activate_outside_model", "denorm", "specific_total_water_name", "surface_pressure_name")
+POST_CONF_KEYS = {
+    "tracer_fixer": ("activate", "denorm", "tracer_name", "tracer_thres", "tracer_thres_max"),
+    "global_mass_fixer": (*_CONSERVATION, "grid_type", "midpoint", "fix_level_num", "lon_lat_level_name"),
+    "global_water_fixer": (*_CONSERVATION, "precipitation_name", "evaporation_name"),
+    "global_energy_fixer": (*_CONSERVATION, "air_temperature_name", "u_wind_name", "v_wind_name",
+                            "surface_geopotential_name", "TOA_net_radiation_flux_name",
+                            "surface_net_radiation_flux_name", "surface_energy_flux_name"),
+}
+_MASS_GRID = ("grid_type", "midpoint", "lon_lat_level_name")  # read by every conservation fixer
 
 
 def _tuple4(key: str, value: Any) -> tuple:
@@ -123,12 +140,12 @@ def refused_keys(section: Mapping[str, Any]) -> list[str]:
             value = section[key]
             shown = f"{{activate: true, {', '.join(k for k in value if k != 'activate')}}}" \
                 if isinstance(value, Mapping) else repr(value)
-            if key == "post_conf":
-                lines.append(f"model.post_conf={shown}: CREDIT's post blocks run in from_credit forecasts "
-                             f"(credit.models.from_credit), not yet in credit train, rollout, convert-checkpoint "
-                             f"or plan; allowed there: {allowed}")
-            else:
-                lines.append(f"model.{key}={shown} is not supported by credit's {kind}; allowed: {allowed}")
+            lines.append(f"model.{key}={shown} is not supported by credit's {kind}; allowed: {allowed}")
+    if kind in POST_BLOCK_TYPES and isinstance(section.get("post_conf"), Mapping):
+        try:
+            active_fixers(section["post_conf"])
+        except PostBlockConfigError as error:
+            lines.append(f"model.{error}")
     return lines
 
 
@@ -150,6 +167,8 @@ def resolve_credit_model(section: Mapping[str, Any], warn: bool = True,
         section = _parser_padding(section)
     for key in _ACTS_ON_INACTIVE[kind] & set(section):
         section.pop(key)
+    if kind in POST_BLOCK_TYPES:  # post blocks are built apart from the model (post_conf_overrides)
+        section.pop("post_conf", None)
     if ignored and warn:
         log.warning("CREDIT's %s takes %s through **kwargs and ignores them; so does credit",
                     CREDIT_CLASSES[kind], ", ".join(f"model.{k}" for k in ignored))
@@ -164,7 +183,65 @@ def ignored_keys(section: Mapping[str, Any]) -> list[str]:
     kind = credit_type(section.get("type"))
     if "padding_conf" in DEFAULTS[kind]:
         section = _parser_padding(section)
-    return sorted(set(section) - {"type"} - _ACTS_ON_INACTIVE[kind] - set(DEFAULTS[kind]))
+    handled = {"post_conf"} if kind in POST_BLOCK_TYPES else set()
+    return sorted(set(section) - {"type"} - _ACTS_ON_INACTIVE[kind] - set(DEFAULTS[kind]) - handled)
+
+
+def post_conf_overrides(section: Mapping[str, Any], data: Mapping[str, Any] | None,
+                        config_dir: Any = None) -> tuple[list[str], list[str]]:
+    """(overrides, ignored keys) that give a run the post blocks of a CREDIT `model:` section:
+    `model.post_conf.*` for each active fixer's keys (and the mass fixer's grid keys, which
+    every conservation fixer reads), and `data.physics_file` from CREDIT's
+    `data.save_loc_physics` (made absolute when found beside the config or in the working
+    directory). Keys of an active fixer that CREDIT does not read (e.g. the water fixer's own
+    `grid_type`) are returned as ignored. Empty when no post block is active."""
+    from pathlib import Path
+
+    post_conf = section.get("post_conf")
+    if credit_type(section.get("type")) not in POST_BLOCK_TYPES or not isinstance(post_conf, Mapping):
+        return [], []
+    inside, outside = active_fixers(post_conf)
+    active = [name for name in FIXERS if name in inside + outside]
+    if not active:
+        return [], []
+    overrides, ignored = ["model.post_conf.activate=true"], []
+    conservation = [name for name in active if name != "tracer_fixer"]
+    for name in FIXERS:
+        conf = dict(post_conf.get(name) or {})
+        keys = POST_CONF_KEYS[name] if name in active else ()
+        if name == "global_mass_fixer" and conservation:
+            keys = tuple(dict.fromkeys((*keys, *_MASS_GRID)))
+        for key in keys:
+            if key in conf:
+                value = conf[key]
+                if key in ("tracer_thres", "tracer_thres_max") and value is not None:
+                    value = [float(v) for v in value]  # CREDIT's parser reads YAML's "1e-10" (a string) so
+                overrides.append(f"model.post_conf.{name}.{key}={hydra_value(value)}")
+        if name in active:
+            ignored += [f"post_conf.{name}.{key}" for key in conf
+                        if key not in POST_CONF_KEYS[name] and key != "simple_demo"]
+    ignored += [f"post_conf.{key}" for key in post_conf if key not in ("activate", *FIXERS, *OTHER_MODULES)]
+    if conservation and data is not None and data.get("save_loc_physics"):
+        value = data["save_loc_physics"]
+        try:
+            value = resolve_path(value, "data.save_loc_physics", Path(config_dir or ".")).resolve()
+        except PostBlockConfigError:
+            pass  # not on this machine: the run names data.physics_file if it is still missing
+        overrides.append(f"data.physics_file={value}")
+    return overrides, sorted(ignored)
+
+
+def hydra_value(value: Any) -> str:
+    """A value as a hydra command-line override writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return repr(value) if any(c in value for c in " ,[]{}=:'\"") else value
+    return str(value)
 
 
 def _parser_padding(section: dict[str, Any]) -> dict[str, Any]:

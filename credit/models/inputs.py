@@ -32,12 +32,20 @@ def credit_input(state: torch.Tensor, forcing_frames: torch.Tensor, static: torc
 
 
 def predict(model: nn.Module, state: torch.Tensor, forcing_window: torch.Tensor,
-            static: torch.Tensor) -> torch.Tensor:
+            static: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
     """One forecast step in either layout -> (B, C_out, H, W).
 
     `forcing_window` (B, history_len + 1, C_f, H, W) holds the forcing at the input frames'
-    times followed by the predicted time.
+    times followed by the predicted time. A CREDIT model's `outside_post_blocks` run after
+    it, as CREDIT's trainer and rollout run them: the mass fixer against `initial_state`
+    (B, history_len, C_state, H, W), the forecast's first input state (default: `state`).
     """
     if getattr(model, "input_layout", None) == "credit":
-        return model(credit_input(state, forcing_window[:, : state.shape[1]], static))[:, :, 0]
+        x = credit_input(state, forcing_window[:, : state.shape[1]], static)
+        y = model(x)
+        outside = getattr(model, "outside_post_blocks", None)
+        if outside is not None:
+            initial = state if initial_state is None else initial_state
+            y = outside(y, x, initial.transpose(1, 2))  # the fixers read the state channels' last frame
+        return y[:, :, 0]
     return model(model_input(state, forcing_window[:, -1], static))

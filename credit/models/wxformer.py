@@ -123,6 +123,10 @@ class WXFormer(nn.Module):
         super().__init__()
         check_decoder_widths(spec.dim)
         self.spec, self.use_interp, self.padding = spec, interp, padding
+        # CREDIT's post blocks (`credit.models.postblocks`), set when `post_conf` is active: the
+        # fixers inside the forward, and those CREDIT applies after it (`inputs.predict` does)
+        self.post_blocks: nn.Module | None = None
+        self.outside_post_blocks: nn.Module | None = None
         self.deterministic = gemm == "deterministic"
         padded = padding.padded(spec.grid) if padding else spec.grid
         if padding:
@@ -172,6 +176,7 @@ class WXFormer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
         spec.check_input(x, self.credit_type)
+        inputs = x
         if self.padding:
             x = self.padding.pad(x)
         x = x.flatten(1, 2)  # channel-major, time-minor
@@ -194,4 +199,7 @@ class WXFormer(nn.Module):
             x = resize(x, spec.grid, self.deterministic)
         # a fresh tensor, not a view: FSDP2's pre-backward hook on a wrapped root's output
         # would be lost to an in-place op on a view
-        return x.unsqueeze(2).clone()
+        x = x.unsqueeze(2).clone()
+        if self.post_blocks is not None:  # on the whole grid, the same on every tp rank
+            x = self.post_blocks(x, inputs.detach())
+        return x

@@ -72,12 +72,13 @@ class Forecaster:
         first = init - (self.history_len - 1) * self.step
         sample = self._sample(first)
         state = sample["state"].unsqueeze(0).to(self.device)
+        initial_state = state  # CREDIT's outside-model mass fixer conserves the initial state's mass
         static = sample["static"].unsqueeze(0).to(self.device)
         try:
             for k in range(lead_steps):
                 sample = sample if k == 0 else self._sample(first + k * self.step)
                 forcing = sample["forcing"][: self.history_len + 1].unsqueeze(0).to(self.device)
-                prediction = predict(self.model, state, forcing, static).float()
+                prediction = predict(self.model, state, forcing, static, initial_state).float()
                 newest = prediction[:, : self.state_channels].unsqueeze(1)
                 state = torch.cat([state[:, 1:], newest], dim=1)
                 yield self.physical(prediction[0]), self.physical(sample["target"][0])

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from credit.data import ERA5Dataset, model_layout
-from credit.models import build_model
+from credit.models import attach_post_blocks, build_model
 from credit.parallel import Runtime, parallelize_model, seed_for_init
 from credit.rollout.errors import RolloutError
 
@@ -22,7 +22,8 @@ def build_forecast_model(cfg: DictConfig, dataset: ERA5Dataset, runtime: Runtime
     """The model of `cfg.model` for `dataset`'s channel layout, parallelised over the runtime's
     mesh like training (`trainer.parallelism`); weights still at their initial values."""
     seed_for_init(cfg.trainer.seed)
-    model = build_model(cfg.model, **model_layout(cfg.data, dataset)).to(runtime.device)
+    model = build_model(cfg.model, **model_layout(cfg.data, dataset))
+    model = attach_post_blocks(model, cfg.model, cfg.data, dataset).to(runtime.device)
     if runtime.mesh is not None:
         par = cfg.trainer.parallelism
         parallelize_model(model, runtime.mesh, par.data, mixed_precision=par.mixed_precision,

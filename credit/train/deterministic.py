@@ -34,9 +34,9 @@ def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
     the prediction is fed back detached, as in the fast loss."""
     state, forcing, static, target = batch["state"], batch["forcing"], batch["static"], batch["target"]
     history_len, state_channels = state.shape[1], state.shape[2]
-    total = None
+    total, initial_state = None, state
     for step in range(target.shape[1]):
-        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static)
+        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static, initial_state)
         sums = sample_sums(prediction, target[:, step], weights)
         total = sums if total is None else total + sums
         if step + 1 < target.shape[1]:

@@ -25,8 +25,9 @@ def forecast_loss(
     state_channels = state.shape[2]
     forecast_len = target.shape[1]
     total = state.new_zeros(())
+    initial_state = state
     for step in range(forecast_len):
-        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static)
+        prediction = predict(model, state, forcing[:, step : history_len + step + 1], static, initial_state)
         total = total + loss_fn(prediction, target[:, step])
         if step + 1 < forecast_len:
             newest = prediction[:, :state_channels].detach().unsqueeze(1)

@@ -34,7 +34,7 @@ from credit.data import (
     model_layout,
     recycled,
 )
-from credit.models import EMA, advance_spectral_norm, build_model
+from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_model
 from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
 from credit.train.deterministic import global_loss
@@ -111,7 +111,8 @@ class Trainer:
         # fully_shard does not broadcast weights: every rank builds identical full weights.
         seed_for_init(cfg.trainer.seed)
         layout = model_layout(cfg.data, self.train_set)
-        self.model = build_model(cfg.model, **layout).to(rt.device)
+        self.model = build_model(cfg.model, **layout)
+        self.model = attach_post_blocks(self.model, cfg.model, cfg.data, self.train_set).to(rt.device)
         self.sdc = None
         if cfg.diagnostics.sdc.enabled:
             self.sdc = SDCDetector(cfg.diagnostics.sdc, deterministic=self.deterministic,

@@ -4,10 +4,9 @@ reads here as CREDIT reads it.
 tests/fixtures/credit_configs/configs.json holds each file's `model:` section as YAML loads
 it and the parameter count CREDIT's own `load_model` gave (see that folder's README). For
 each: `credit check --credit-config` names CREDIT's class and the same count, built on the
-meta device; the keys CREDIT ignores are named as ignored; a section is refused only for a
-post block, which this project does not run yet, and then with one line naming
-`model.post_conf`; every other section gives the model overrides that `credit
-convert-checkpoint` and `credit plan` compose and validate.
+meta device; the keys CREDIT ignores are named as ignored; every section gives the model
+overrides that `credit convert-checkpoint` and `credit plan` compose and validate, an active
+`post_conf` as this project's `model.post_conf` with the same fixers on.
 """
 
 import json
@@ -46,12 +45,24 @@ def test_credit_config_reads_as_credit_reads_it(path, tmp_path):
     for key in ("frame_patch_size", "decoder_attention_type", "static_channels"):
         if key in entry["model"]:
             assert f"model.{key}: ignored, as CREDIT ignores it" in lines
-    if _post_blocks_on(entry["model"]):
-        assert len(refused) == 1 and refused[0].startswith("model.post_conf="), refused
-        return
     assert refused == []
     cfg = compose_config(overrides)  # what convert-checkpoint and plan compose
     assert cfg.model.name == ("wxformer" if entry["type"] == "wxformer_base" else entry["type"])
+    post_conf = entry["model"].get("post_conf") or {}
+    if _post_blocks_on(entry["model"]):
+        on = {name for name in ("tracer_fixer", "global_mass_fixer", "global_water_fixer", "global_energy_fixer")
+              if (post_conf.get(name) or {}).get("activate")}
+        assert cfg.model.post_conf.activate
+        assert {name for name in on if cfg.model.post_conf[name].activate} == on
+        for name in on:
+            for key, value in post_conf[name].items():
+                if key in ("tracer_thres", "tracer_thres_max"):  # CREDIT's parser applies float()
+                    value = [float(v) for v in value]
+                if key in cfg.model.post_conf[name]:
+                    assert cfg.model.post_conf[name][key] == value, (name, key)
+        assert "post blocks: " + ", ".join(sorted(on)) + " (CREDIT's post_conf, as model.post_conf)" in lines
+    elif "post_conf" in cfg.model:
+        assert not cfg.model.post_conf.activate
 
 
 def test_credit_check_command_prints_the_class_count_and_config(tmp_path):
@@ -67,15 +78,17 @@ def test_credit_check_command_prints_the_class_count_and_config(tmp_path):
     assert "max_steps: 3" in result.stdout and "name: crossformer" in result.stdout
 
 
-def test_credit_check_refuses_a_post_block_in_one_line(tmp_path):
+def test_credit_check_refuses_a_post_block_credit_runs_and_credit_does_not_in_one_line(tmp_path):
     path = next(p for p, e in sorted(CONFIGS.items()) if _post_blocks_on(e["model"]))
+    section = CONFIGS[path]["model"]
+    section = {**section, "post_conf": {**section["post_conf"], "skebs": {"activate": True}}}
     file = tmp_path / "credit.yml"
-    file.write_text(yaml.safe_dump({"model": CONFIGS[path]["model"]}))
+    file.write_text(yaml.safe_dump({"model": section}))
     result = subprocess.run([sys.executable, "-m", "credit.cli", "check", "--credit-config", str(file)],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "model.post_conf=" in errors[0], result.stderr
+    assert len(errors) == 1 and "model.post_conf.skebs is active" in errors[0], result.stderr
 
 
 def test_the_docs_table_lists_every_config_with_its_count():
@@ -84,4 +97,4 @@ def test_the_docs_table_lists_every_config_with_its_count():
         row = next((line for line in page.splitlines() if line.startswith(f"| `{path}` |")), None)
         assert row is not None, path
         assert f"| {entry['parameters']:,} |" in row, row
-        assert ("refused" in row) == _post_blocks_on(entry["model"]), row
+        assert "refused" not in row, row

@@ -89,7 +89,9 @@ def test_wrapped_and_bare_state_dicts_load(tmp_path):
 
 
 @pytest.mark.parametrize("change, named", [
-    ({"post_conf": {"activate": True}}, "model.post_conf"),
+    ({"post_conf": {"activate": True, "skebs": {"activate": True}}}, "model.post_conf.skebs is active"),
+    ({"post_conf": {"activate": True, "global_mass_fixer": {"activate": True, "simple_demo": True}}},
+     "model.post_conf.global_mass_fixer.simple_demo=true"),
     ({"patch_height": 2}, "model.patch_height"),
     ({"output_frames": 2}, "model.output_frames"),
     ({"diffusion": True}, "model.diffusion"),

@@ -103,7 +103,7 @@ def _post_block_forecasts(names):
     for name in names:
         folder = POST_BLOCKS / name
         model = from_credit(folder / "credit.yml", folder / "checkpoint.pt")
-        parallelize_model(model.model, layout, "none", sequence_parallel=True)
+        parallelize_model(model, layout, "none", sequence_parallel=True)
         with torch.no_grad():
             results[name, True] = model(torch.load(folder / "input.pt"))
     return results

@@ -1,9 +1,11 @@
 """`credit train` with CREDIT's two CrossFormers in deterministic mode: data parallelism
 changes no bit, and spectral norm with data parallelism is refused.
 
-Earth padding, dropout 0.1, EMA on, one global batch of 4, 8 steps with validation at 4 and
-8 (the older crossformer with its bilinear decoder and mixed decoder attention: 4 steps,
-validation at 2 and 4): one process against dp2 (FSDP2, 2 samples per rank). Every metrics.csv value and every
+Earth padding, dropout 0.1, EMA on, CREDIT's tracer and mass-fixer post blocks (the mass
+fixer after the model on wxformer, inside it on crossformer), one global batch of 4, 8 steps
+with validation at 4 and 8 (the older crossformer with its bilinear decoder and mixed decoder
+attention: 4 steps, validation at 2 and 4): one process against dp2 (FSDP2, 2 samples per
+rank), so the post blocks' global sums see 4 and 2 samples. Every metrics.csv value and every
 final model, EMA and optimizer tensor equal bitwise. Tensor parallelism of both CREDIT
 models is bitwise at the model level (tests/parallel/test_credit_deterministic_tp.py); the
 whole (dp, tp) matrix through `credit train` is run on the default model
@@ -16,7 +18,7 @@ import sys
 
 import pytest
 from test_deterministic_training import _same_bits
-from tiny import tiny_data_overrides
+from tiny import post_block_overrides, tiny_data_overrides, write_physics_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 WXFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
@@ -38,10 +40,12 @@ def _train(nproc, *overrides):
 
 @pytest.mark.parametrize("model", [WXFORMER, CROSSFORMER], ids=["wxformer", "crossformer"])
 def test_one_process_and_dp2_are_bitwise_equal(model, tiny_data, tmp_path):
+    post_blocks = post_block_overrides(write_physics_file(tiny_data, tmp_path / "physics.nc"),
+                                       outside=model is WXFORMER)
     runs = {}
     for dp in (1, 2):
         run = tmp_path / f"dp{dp}"
-        result = _train(dp, *tiny_data_overrides(tiny_data, *model, f"trainer.batch_size={4 // dp}",
+        result = _train(dp, *tiny_data_overrides(tiny_data, *model, *post_blocks, f"trainer.batch_size={4 // dp}",
                                                  "trainer.parallelism.data=fsdp2", f"run_dir={run}"))
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         runs[dp] = run

@@ -1,8 +1,11 @@
 """CREDIT's post blocks: the tracer fixer and the global mass, water and energy fixers,
 with CREDIT's arithmetic (`fixers`), the channels and statistics CREDIT's parser derives
-from a config (`settings`), and the grid and column physics they use (`physics`)."""
+from a config (`settings`), the grid and column physics they use (`physics`), and their
+construction from a CREDIT config or a run's config (`build`)."""
 
-from credit.models.postblocks.fixers import PostBlocks, WithPostBlocks, build_post_blocks
+from credit.models.postblocks.build import RunPostBlocks, build_post_blocks, run_post_blocks
+from credit.models.postblocks.fixers import OutsidePostBlocks, PostBlocks
 from credit.models.postblocks.settings import PostBlockConfigError
 
-__all__ = ["PostBlockConfigError", "PostBlocks", "WithPostBlocks", "build_post_blocks"]
+__all__ = ["OutsidePostBlocks", "PostBlockConfigError", "PostBlocks", "RunPostBlocks", "build_post_blocks",
+           "run_post_blocks"]

@@ -1,27 +1,27 @@
 """CREDIT's post blocks (`credit/postblock/gen1.py` in CREDIT): the tracer fixer and the
-global mass, water and energy fixers, applied to a forecast after the model as CREDIT's two
-CrossFormers apply them inside their forward.
+global mass, water and energy fixers, applied to a forecast inside the model's forward, as CREDIT's
+two CrossFormers apply them, or after it (`activate_outside_model`), as CREDIT's trainer and
+rollout do.
 
 Each fixer takes the normalised forecast y (B, C_out, 1, H, W) and the model's input x
 (B, C_in, T, H, W), de-normalises y (and the state channels of x's last frame), corrects
 its channels in physical units and normalises the result again; fixers run one after
 another, each with its own round trip, as in CREDIT, so the numbers are CREDIT's. The
 global sums are over the whole grid: a fixer runs on the gathered forecast, which every
-tensor- and sequence-parallel rank holds whole after the model.
+tensor- and sequence-parallel rank holds whole after the model, so no collective is needed
+and every rank of a tensor-parallel group computes the same bits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from credit.models.postblocks.physics import CP_DRY, CP_VAPOR, GRAVITY, LH_WATER, RHO_WATER, ColumnPhysics
-from credit.models.postblocks.settings import (ChannelLayout, PostBlockConfigError, active_fixers, channel_layout,
-                                               column_physics, physics_field)
+from credit.models.postblocks.settings import ChannelLayout, PostBlockConfigError
 
 
 class Fixer(nn.Module):
@@ -32,7 +32,7 @@ class Fixer(nn.Module):
 
     def __init__(self, layout: ChannelLayout, denorm: bool) -> None:
         super().__init__()
-        self.denorm = denorm
+        self.denorm = denorm and layout.normalized  # un-normalised data are physical already
         self.register_buffer("mean", layout.mean.view(1, -1, 1, 1, 1), persistent=False)
         self.register_buffer("std", layout.std.view(1, -1, 1, 1, 1), persistent=False)
         self.state_channels = layout.state_channels
@@ -141,10 +141,9 @@ class GlobalMassFixer(ConservationFixer):
         delta_a, delta_b = p.coef_a.diff().view(1, -1, 1, 1), p.coef_b.diff().view(1, -1, 1, 1)
         q_mid = q1 if p.midpoint else (q1[:, :-1] + q1[:, 1:]) / 2
         dry_a, dry_b = (delta_a * (1 - q_mid)).sum(1), (delta_b * (1 - q_mid)).sum(1)
-        area = p.area.unsqueeze(0).to(y.device)
         sp1 = y[:, self.sp]
-        mass_a = (dry_a * area).sum((-2, -1)) / GRAVITY
-        mass_b = (dry_b * sp1 * area).sum((-2, -1)) / GRAVITY
+        mass_a = p.weighted_sum(dry_a) / GRAVITY
+        mass_b = p.weighted_sum(dry_b * sp1) / GRAVITY
         sp1 = sp1 * _per_sample((mass_t0 - mass_a) / mass_b, 2)
         return splice(y, sp1.unsqueeze(1), slice(self.sp, self.sp + 1))
 
@@ -227,51 +226,16 @@ class PostBlocks(nn.Module):
         return y
 
 
-class WithPostBlocks(nn.Module):
-    """A CREDIT model followed by its post blocks, fed the model's input as CREDIT feeds
-    them; the model's own state-dict keys sit under `model.`."""
+class OutsidePostBlocks(nn.Module):
+    """The conservation fixers CREDIT's trainer and rollout apply after the model
+    (`activate_outside_model`), in CREDIT's order: the mass fixer against the forecast's
+    initial state, the water and energy fixers against the step's input."""
 
-    def __init__(self, model: nn.Module, post_blocks: PostBlocks) -> None:
+    def __init__(self, fixers: list[Fixer]) -> None:
         super().__init__()
-        self.model, self.post_blocks = model, post_blocks
+        self.fixers = nn.ModuleList(fixers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.post_blocks(self.model(x), x.detach())
-
-
-def build_post_blocks(config: Mapping[str, Any], config_dir: Path) -> PostBlocks | None:
-    """CREDIT's post blocks of a whole CREDIT config (its `model.post_conf` and its `data:`
-    section); None when none is active. Relative paths are looked for beside the config
-    file, then in the working directory."""
-    model = config.get("model") or {}
-    post_conf = model.get("post_conf")
-    names = active_fixers(post_conf)
-    if not names:
-        return None
-    data = config.get("data")
-    if not isinstance(data, Mapping):
-        raise PostBlockConfigError("post_conf is active but the config has no data: section, which names the "
-                                   "channels, statistics and physics file the post blocks need")
-    levels = data.get("levels", model.get("levels"))
-    if levels is None:
-        raise PostBlockConfigError("data.levels (or model.levels) is not set")
-    layout = channel_layout(data, int(levels), config_dir)
-    seconds = int(data.get("lead_time_periods", 6)) * 3600
-    physics = column_physics(post_conf, data, config_dir) if names != ["tracer_fixer"] else None
-    fixers: list[Fixer] = []
-    for name in names:
-        conf = post_conf[name]
-        try:
-            if name == "tracer_fixer":
-                fixers.append(TracerFixer(conf, layout))
-            elif name == "global_mass_fixer":
-                fixers.append(GlobalMassFixer(conf, layout, physics, seconds))
-            elif name == "global_water_fixer":
-                fixers.append(GlobalWaterFixer(conf, layout, physics, seconds))
-            else:
-                geopotential = physics_field(data, list(conf["surface_geopotential_name"])[0],
-                                             "post_conf.global_energy_fixer.surface_geopotential_name", config_dir)
-                fixers.append(GlobalEnergyFixer(conf, layout, physics, seconds, geopotential))
-        except KeyError as missing:
-            raise PostBlockConfigError(f"post_conf.{name}.{missing.args[0]} is not set") from None
-    return PostBlocks(fixers)
+    def forward(self, y: torch.Tensor, x: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+        for fixer in self.fixers:
+            y = fixer(y, initial if isinstance(fixer, GlobalMassFixer) else x)
+        return y

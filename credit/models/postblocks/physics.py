@@ -1,6 +1,10 @@
 """The grid and column arithmetic of CREDIT's conservation fixers (`credit/physics_core.py`
 in CREDIT), operation for operation in float32, so a fixed forecast equals CREDIT's.
 
+`deterministic=True` (the model's `gemm: deterministic`) adds each sample's grid in the
+deterministic GEMM's fixed order, whatever the batch, so a fixed forecast has the same bits
+in every dp x tp layout; the other reductions run along the levels, one output at a time.
+
 Written out rather than shared with `credit.data.physics`: CREDIT's cell areas come from a
 second-order gradient of sin(latitude) and its vertical integrals from its own trapezoid or
 mid-point rule, and matching CREDIT's numbers means matching those choices exactly.
@@ -9,6 +13,8 @@ mid-point rule, and matching CREDIT's numbers means matching those choices exact
 from __future__ import annotations
 
 import torch
+
+from credit.kernels.gemm import det_linear
 
 GRAVITY = 9.80665  # m s-2
 RAD_EARTH = 6371000  # m (an int in CREDIT)
@@ -34,8 +40,8 @@ class ColumnPhysics:
 
     def __init__(self, lon2d: torch.Tensor, lat2d: torch.Tensor, *, midpoint: bool,
                  pressure: torch.Tensor | None = None, coef_a: torch.Tensor | None = None,
-                 coef_b: torch.Tensor | None = None) -> None:
-        self.area, self.midpoint = cell_area(lon2d, lat2d), midpoint
+                 coef_b: torch.Tensor | None = None, deterministic: bool = False) -> None:
+        self.area, self.midpoint, self.deterministic = cell_area(lon2d, lat2d), midpoint, deterministic
         self.sigma = pressure is None
         self.pressure, self.coef_a, self.coef_b = pressure, coef_a, coef_b
 
@@ -46,7 +52,11 @@ class ColumnPhysics:
 
     def weighted_sum(self, q: torch.Tensor) -> torch.Tensor:
         """Σ q·area over the grid: (B, H, W) -> (B,)."""
-        return torch.sum(q * self.area.to(q.device), dim=(-2, -1))
+        weighted = q * self.area.to(q.device)
+        if self.deterministic:
+            ones = torch.ones(1, weighted[0].numel(), dtype=weighted.dtype, device=weighted.device)
+            return det_linear(weighted.flatten(-2).contiguous(), ones).squeeze(-1)
+        return torch.sum(weighted, dim=(-2, -1))
 
     def _thickness(self, sp: torch.Tensor | None, start: int | None = None, end: int | None = None) -> torch.Tensor:
         if not self.sigma:

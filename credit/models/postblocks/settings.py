@@ -39,6 +39,7 @@ class ChannelLayout:
     state_channels: int  # upper-air levels + surface: the channels x and y share, first
     mean: torch.Tensor = field(repr=False)  # (C_out,) float32
     std: torch.Tensor = field(repr=False)
+    normalized: bool = True  # False: the model sees physical values, and `denorm` does nothing
 
     def indices(self, names: list[str], key: str) -> list[int]:
         found = [i for i, name in enumerate(self.output_names) if name in names]
@@ -99,55 +100,60 @@ def channel_layout(data: Mapping[str, Any], levels: int, config_dir: Path) -> Ch
     return ChannelLayout(output, len(upper) * levels + len(surface), stats[0], stats[1])
 
 
-def column_physics(post_conf: Mapping[str, Any], data: Mapping[str, Any], config_dir: Path) -> ColumnPhysics:
-    """The grid and levels of the physics file, as the mass fixer's section names them
-    (CREDIT's water and energy fixers read the mass fixer's `lon_lat_level_name`,
-    `grid_type` and `midpoint` too)."""
+def column_physics(post_conf: Mapping[str, Any], path: Path, key: str, deterministic: bool = False) -> ColumnPhysics:
+    """The grid and levels of the physics file `path` (the config's `key`), as the mass
+    fixer's section names them (CREDIT's water and energy fixers read the mass fixer's
+    `lon_lat_level_name`, `grid_type` and `midpoint` too)."""
     mass = post_conf.get("global_mass_fixer") or {}
-    for key in ("lon_lat_level_name", "grid_type"):
-        if key not in mass and not (key == "grid_type" and mass.get("activate")):
-            raise PostBlockConfigError(f"post_conf.global_mass_fixer.{key} is needed by CREDIT's conservation "
+    for name in ("lon_lat_level_name", "grid_type"):
+        if name not in mass and not (name == "grid_type" and mass.get("activate")):
+            raise PostBlockConfigError(f"post_conf.global_mass_fixer.{name} is needed by CREDIT's conservation "
                                        f"fixers (they read it from the mass fixer's section) and is not set")
     names = list(mass["lon_lat_level_name"])
-    path = resolve_path(data.get("save_loc_physics"), "data.save_loc_physics", config_dir)
+    grid_type = mass.get("grid_type", "pressure")
+    if grid_type not in ("pressure", "sigma"):
+        raise PostBlockConfigError(f"post_conf.global_mass_fixer.grid_type={grid_type!r}: pressure or sigma")
+    if len(names) < (4 if grid_type == "sigma" else 3):
+        raise PostBlockConfigError(f"post_conf.global_mass_fixer.lon_lat_level_name={names} needs "
+                                   + ("[lon, lat, a, b] for grid_type: sigma" if grid_type == "sigma"
+                                      else "[lon, lat, pressure]"))
     with xr.open_dataset(path) as ds:
         missing = [n for n in names if n not in ds]
         if missing:
-            raise PostBlockConfigError(f"data.save_loc_physics={path}: has no {missing} "
+            raise PostBlockConfigError(f"{key}={path}: has no {missing} "
                                        f"(post_conf.global_mass_fixer.lon_lat_level_name)")
         field_of = {n: torch.from_numpy(ds[n].values).float() for n in names}
     lon, lat = field_of[names[0]], field_of[names[1]]
     midpoint = bool(mass.get("midpoint", False))
-    if mass.get("grid_type", "pressure") == "sigma":
-        if len(names) < 4:
-            raise PostBlockConfigError("post_conf.global_mass_fixer.lon_lat_level_name needs [lon, lat, a, b] "
-                                       "for grid_type: sigma")
-        return ColumnPhysics(lon, lat, midpoint=midpoint, coef_a=field_of[names[2]], coef_b=field_of[names[3]])
-    return ColumnPhysics(lon, lat, midpoint=midpoint, pressure=field_of[names[2]])
+    if grid_type == "sigma":
+        return ColumnPhysics(lon, lat, midpoint=midpoint, coef_a=field_of[names[2]], coef_b=field_of[names[3]],
+                             deterministic=deterministic)
+    return ColumnPhysics(lon, lat, midpoint=midpoint, pressure=field_of[names[2]], deterministic=deterministic)
 
 
-def physics_field(data: Mapping[str, Any], name: str, key: str, config_dir: Path) -> torch.Tensor:
-    """One variable of the physics file (e.g. surface geopotential), float32."""
-    path = resolve_path(data.get("save_loc_physics"), "data.save_loc_physics", config_dir)
+def physics_field(path: Path, name: str, key: str, names_key: str) -> torch.Tensor:
+    """One variable of the physics file `path` (the config's `key`), e.g. surface
+    geopotential, float32."""
     with xr.open_dataset(path) as ds:
         if name not in ds:
-            raise PostBlockConfigError(f"data.save_loc_physics={path}: has no {name!r} ({key})")
+            raise PostBlockConfigError(f"{key}={path}: has no {name!r} ({names_key})")
         return torch.from_numpy(ds[name].values).float()
 
 
-def active_fixers(post_conf: Mapping[str, Any] | None) -> list[str]:
-    """The fixers a `post_conf` turns on, in CREDIT's order; one error naming a module that
-    acts on the forecast and is not built here."""
+def active_fixers(post_conf: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
+    """The fixers a `post_conf` turns on, in CREDIT's order: (inside the model's forward,
+    `activate_outside_model`). One error naming a module that acts on the forecast and is
+    not built here, or CREDIT's `simple_demo` grid (its unit tests' stand-in for a physics file)."""
     if not post_conf or not post_conf.get("activate", False):
-        return []
+        return [], []
     other = [m for m in OTHER_MODULES if (post_conf.get(m) or {}).get("activate", False)]
     if other:
         raise PostBlockConfigError(f"post_conf.{other[0]} is active: credit builds CREDIT's {', '.join(FIXERS)} "
                                    f"post blocks, not {other[0]}")
     active = [m for m in FIXERS if (post_conf.get(m) or {}).get("activate", False)]
+    demo = [m for m in active if m != "tracer_fixer" and post_conf[m].get("simple_demo", False)]
+    if demo:
+        raise PostBlockConfigError(f"post_conf.{demo[0]}.simple_demo=true: CREDIT then uses a 10x18 demo grid "
+                                   f"instead of the physics file; set it false")
     outside = [m for m in active if m != "tracer_fixer" and post_conf[m].get("activate_outside_model", False)]
-    if outside:
-        raise PostBlockConfigError(f"post_conf.{outside[0]}.activate_outside_model=true: CREDIT's trainer and "
-                                   f"rollout then apply it outside the model, which credit does not yet; set it "
-                                   f"false to apply it inside the model's forward")
-    return active
+    return [m for m in active if m not in outside], outside
