@@ -24,8 +24,8 @@ from credit.checkpoint.manager import _quiet_single_process
 from credit.config import compose_config
 from credit.models.credit_checkpoint import (load_credit_weights, read_credit_config, read_credit_model_section,
                                              read_credit_state_dict)
-from credit.models.credit_config import (CREDIT_CLASSES, build_credit_model, count_parameters, credit_spec,
-                                         hydra_value, ignored_keys, post_conf_overrides, refused_keys,
+from credit.models.credit_config import (CREDIT_CLASSES, GEN2_POST_CONF, build_credit_model, count_parameters,
+                                         credit_spec, hydra_value, ignored_keys, post_conf_overrides, refused_keys,
                                          resolve_credit_model)
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ def describe_credit_model(credit_config: str | Path) -> tuple[list[str], list[st
                 if ours != credit_count else "")]
     lines += [f"model.{key}: ignored, as CREDIT ignores it" for key in [*ignored_keys(section), *post_ignored]]
     lines += [f"refused: {line}" for line in refused]
+    if post_blocks and isinstance(config.get("data"), Mapping) and "source" in config["data"]:
+        lines.append(f"note: {GEN2_POST_CONF}")
     if post_blocks:
         active = sorted({o.split(".")[2] for o in post_blocks if o.startswith("model.post_conf.") and
                          o.endswith(".activate=true") and o.count(".") == 3})
@@ -97,6 +99,8 @@ def convert_credit_checkpoint(credit_config: str | Path, source: str | Path, out
     post_blocks, post_ignored = post_conf_overrides(section, config.get("data"), Path(credit_config).parent)
     if post_ignored:
         log.warning("CREDIT's post blocks do not read %s; neither does credit", ", ".join(f"model.{k}" for k in post_ignored))
+    if post_blocks and isinstance(config.get("data"), Mapping) and "source" in config["data"]:
+        log.warning("%s", GEN2_POST_CONF)
     overrides = [*model_overrides(kind, values), *post_blocks]
     cfg = compose_config([*overrides, *extra_overrides])  # validates the keys as a run will
     model = build_credit_model(kind, values)

@@ -187,6 +187,13 @@ def ignored_keys(section: Mapping[str, Any]) -> list[str]:
     return sorted(set(section) - {"type"} - _ACTS_ON_INACTIVE[kind] - set(DEFAULTS[kind]) - handled)
 
 
+# A gen2 config (`data.source`) runs CREDIT's post_conf differently in each of CREDIT's gen2
+# programs; the conversion keeps the gen1 meaning, which the config's thresholds are written in.
+GEN2_POST_CONF = ("this is a gen2 config: CREDIT's train_gen2.py ignores model.post_conf and its "
+                  "rollout_to_netcdf_gen2.py applies the tracer fixer to normalised values (denorm: false); "
+                  "credit applies model.post_conf as CREDIT's gen1 trainer and rollout do, in physical units")
+
+
 def post_conf_overrides(section: Mapping[str, Any], data: Mapping[str, Any] | None,
                         config_dir: Any = None) -> tuple[list[str], list[str]]:
     """(overrides, ignored keys) that give a run the post blocks of a CREDIT `model:` section:

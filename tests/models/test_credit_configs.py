@@ -98,3 +98,15 @@ def test_the_docs_table_lists_every_config_with_its_count():
         assert row is not None, path
         assert f"| {entry['parameters']:,} |" in row, row
         assert "refused" not in row, row
+
+
+def test_a_gen2_config_with_post_blocks_says_how_credits_gen2_programs_differ(tmp_path):
+    entry = CONFIGS["config/gen_2/examples/wxformer_era5_025deg_6hr.yml"]
+    file = tmp_path / "credit.yml"
+    file.write_text(yaml.safe_dump({"model": entry["model"], "data": {"source": {"ERA5": {}}}}))
+    lines, refused, overrides = describe_credit_model(file)
+    assert refused == [] and "model.post_conf.tracer_fixer.activate=true" in overrides
+    assert any(line.startswith("note: this is a gen2 config: CREDIT's train_gen2.py ignores model.post_conf")
+               for line in lines)
+    file.write_text(yaml.safe_dump({"model": entry["model"]}))  # no data section: nothing to say
+    assert not any(line.startswith("note:") for line in describe_credit_model(file)[0])
