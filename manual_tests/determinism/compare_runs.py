@@ -49,12 +49,12 @@ def final_state(run: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ref", type=Path)
     parser.add_argument("other", type=Path)
     parser.add_argument("--state-only", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for run in (args.ref, args.other):
         if not (run / "metrics.csv").is_file() or not any((run / "checkpoints").glob("step_*")):
             print(f"error: {run} is not a finished run (needs metrics.csv and checkpoints/step_*)",

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from manual_scripts import run_script
 
-REPO = Path(__file__).resolve().parents[2]
-COMPARE = [sys.executable, str(REPO / "manual_tests" / "determinism" / "compare_runs.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 LAYOUT = ["trainer.parallelism.data=fsdp2", "trainer.parallelism.tensor=2"]
 CHECKED = ["diagnostics.sdc.enabled=true", "trainer.valid_every_n_steps=0"]
@@ -127,8 +126,7 @@ def test_rollback_ends_with_the_bits_of_a_clean_run(tiny_overrides, tmp_path):
     assert [r["step"] for r in rows] == [str(s) for s in range(1, 9)]  # replayed, nothing skipped
     assert [r["sdc_rollbacks"] for r in rows] == ["0"] * 4 + ["1"] * 4
     assert [r["loss"] for r in rows] == [r["loss"] for r in _rows(clean)]
-    result = subprocess.run([*COMPARE, str(clean), str(rolled), "--state-only"], capture_output=True,
-                            text=True, env=ENV, timeout=300)
+    result = run_script("compare_runs", clean, rolled, "--state-only")
     assert result.returncode == 0 and "bitwise" in result.stdout, result.stdout + result.stderr
 
 

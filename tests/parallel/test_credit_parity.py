@@ -7,12 +7,10 @@ manual_tests/gen2_parallelism/check_parity.py."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from tiny import tiny_data_overrides
+from manual_scripts import run_script
 
-REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 CROSSFORMER = ["model=wxformer", "model.dim=[16,32,64,128]", "model.dim_head=8",
                "model.local_window_size=[2,2,2,1]", "model.global_window_size=[2,2,1,1]",
@@ -38,7 +36,7 @@ def test_crossformer_tp1_and_dp2_tp2_losses_match(tiny_data, tmp_path):
     assert "applied tensor parallel (tp=2) to 16 blocks" in sharded.stdout + sharded.stderr
     assert "applied activation checkpointing" in sharded.stdout + sharded.stderr
     assert "sdc" in (sharded.stdout + sharded.stderr).lower()
-    result = _run([*CHECK, str(tmp_path / "serial"), str(tmp_path / "tp2"), "--rtol", "1e-5"])
+    result = run_script("check_parity", tmp_path / "serial", tmp_path / "tp2", "--rtol", "1e-5")
     assert result.returncode == 0, result.stdout
     assert result.stdout.startswith("PASS: 6 steps match")
-    assert _run([*CHECK, str(tmp_path / "serial"), str(tmp_path / "tp2"), "--exact"]).returncode == 1
+    assert run_script("check_parity", tmp_path / "serial", tmp_path / "tp2", "--exact").returncode == 1

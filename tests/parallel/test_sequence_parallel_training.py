@@ -7,12 +7,10 @@ resumes at dp4 without sequence parallelism."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from tiny import tiny_data_overrides
+from manual_scripts import run_script
 
-REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padding_conf.mode=earth",
                "model.padding_conf.pad_lat=[8,8]", "model.padding_conf.pad_lon=[0,0]"]
@@ -33,8 +31,7 @@ def test_whole_model_on_rows_trains_like_one_process(tiny_data, tmp_path):
     log = _train(4, *base, "parallelism=fsdp2_tp2", "trainer.parallelism.sequence_parallel=true",
                  "trainer.batch_size=2", f"run_dir={tmp_path / 'sp'}")
     assert "4 of 4 stages shard their rows; the whole model runs on rows" in log, log[-2000:]
-    check = subprocess.run([*CHECK, str(tmp_path / "serial"), str(tmp_path / "sp"), "--rtol", "1e-5"],
-                           capture_output=True, text=True, env=ENV, timeout=120)
+    check = run_script("check_parity", tmp_path / "serial", tmp_path / "sp", "--rtol", "1e-5")
     assert check.stdout.startswith("PASS: 6 steps match"), check.stdout
     # the same parameters as without sequence parallelism: resume at dp4, tp1
     resumed = _train(4, *base, "parallelism=fsdp2", "trainer.max_steps=7", "trainer.batch_size=1",

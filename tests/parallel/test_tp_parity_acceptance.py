@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from tiny import tiny_overrides
+from manual_scripts import run_script
 
 REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -26,7 +26,7 @@ def _credit_train(nproc, *overrides):
 
 
 def _check(a, b, *flags):
-    return _run([*CHECK, str(a), str(b), *flags])
+    return run_script("check_parity", a, b, *flags)
 
 
 @pytest.fixture(scope="module")

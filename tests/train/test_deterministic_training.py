@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 from processes import kill_last_rank
+from manual_scripts import run_script
 
-REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
-COMPARE = [sys.executable, str(REPO / "manual_tests" / "determinism" / "compare_runs.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 STEPS = 6
 GLOBAL_BATCH = 4
@@ -54,8 +52,7 @@ def _metrics(run: Path) -> list[dict[str, str]]:
 
 def _same_bits(ref: Path, other: Path, *options: str) -> None:
     """compare_runs.py: every metrics.csv value and every final-checkpoint tensor bitwise."""
-    result = subprocess.run([*COMPARE, str(ref), str(other), *options], capture_output=True,
-                            text=True, env=ENV, timeout=300)
+    result = run_script("compare_runs", ref, other, *options)
     assert result.returncode == 0, result.stdout + result.stderr
     counts = result.stdout.split("tensors: ")[1]
     assert "ema " in counts and "optim " in counts, result.stdout  # EMA and optimizer compared
@@ -92,8 +89,7 @@ def runs(tiny_data, tmp_path_factory):
 def test_layout_is_bitwise_one_process(runs, layout, tmp_path):
     _, out = runs
     serial, other = out[1, 1, False], out[layout]
-    check = subprocess.run([*CHECK, str(serial), str(other), "--exact"],
-                           capture_output=True, text=True, env=ENV, timeout=120)
+    check = run_script("check_parity", serial, other, "--exact")
     assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), check.stdout
     _same_bits(serial, other)  # grad norms, lr, validation RMSEs and the final state too
 
@@ -133,7 +129,6 @@ def test_killed_rank_then_resume_in_another_layout_is_bitwise(runs, tiny_data, t
     resumed = _train(launch(4, 1, "ddp")[6:], nproc=4)  # resume=auto at dp4 x tp1, ddp
     assert "deterministic ddp over dp=4" in resumed.stdout + resumed.stderr
     serial = runs[1][1, 1, False]
-    check = subprocess.run([*CHECK, str(serial), str(run), "--exact"],
-                           capture_output=True, text=True, env=ENV, timeout=120)
+    check = run_script("check_parity", serial, run, "--exact")
     assert check.stdout.startswith(f"PASS: {STEPS} steps match exactly"), (kill_after, check.stdout)
     _same_bits(serial, run, "--state-only")

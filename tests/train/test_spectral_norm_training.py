@@ -5,7 +5,6 @@ resumed in one process (u, v as stored; training continues on the tp2 losses).""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +16,8 @@ from credit.models import has_spectral_norm
 from credit.parallel import build_runtime
 from credit.train.metrics import read_metrics
 from credit.train.trainer import Trainer
+from manual_scripts import run_script
 
-REPO = Path(__file__).resolve().parents[2]
-CHECK = [sys.executable, str(REPO / "manual_tests" / "gen2_parallelism" / "check_parity.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SN = ["model.use_spectral_norm=true"]
 
@@ -44,8 +42,7 @@ def runs(tiny_data, tmp_path_factory):
 
 def test_tp1_and_tp2_losses_match_with_spectral_norm_on(runs):
     root = runs["root"]
-    result = subprocess.run([*CHECK, str(root / "serial"), str(root / "tp2"), "--rtol", "1e-5"],
-                            capture_output=True, text=True)
+    result = run_script("check_parity", root / "serial", root / "tp2", "--rtol", "1e-5")
     assert result.returncode == 0, result.stdout
     assert result.stdout.startswith("PASS: 10 steps match")
     log = runs["tp2"].stdout + runs["tp2"].stderr
