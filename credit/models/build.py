@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
@@ -15,6 +16,8 @@ from credit.models.credit_config import build_credit_model, resolve_credit_model
 from credit.models.postblocks import PostBlockConfigError, run_post_blocks
 from credit.models.spectral_norm import apply_spectral_norm
 from credit.models.windowformer import WindowFormer, WindowFormerSpec
+
+log = logging.getLogger(__name__)
 
 # Keys of `model.*` that are not WindowFormerSpec fields but are consumed here.
 _BUILD_KEYS = {"name", "use_spectral_norm", "spectral_norm_tp"}  # the last: for parallelize_model
@@ -104,6 +107,10 @@ def attach_post_blocks(model: nn.Module, model_cfg: Mapping[str, Any], data_cfg:
     if not post_conf or not post_conf.get("activate", False):
         return model
     try:
-        return run_post_blocks(model_cfg, data_cfg, dataset).attach(model)
+        blocks = run_post_blocks(model_cfg, data_cfg, dataset)
     except PostBlockConfigError as error:
         raise ConfigError(str(error)) from None
+    for where, fixers in (("inside the model's forward", blocks.inside), ("after the model", blocks.outside)):
+        if fixers is not None:
+            log.info("CREDIT's post blocks %s: %s", where, ", ".join(f.key for f in fixers.fixers))
+    return blocks.attach(model)

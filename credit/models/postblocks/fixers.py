@@ -28,6 +28,7 @@ class Fixer(nn.Module):
     """De-normalise, correct, normalise: `correct(Y, X)` sees physical (B, C, H, W) tensors,
     Y the forecast, X the state channels of the input's last frame (None if unused)."""
 
+    key = ""  # the post_conf section, in errors and logs
     uses_input = True
 
     def __init__(self, layout: ChannelLayout, denorm: bool) -> None:
@@ -65,6 +66,7 @@ class TracerFixer(Fixer):
     """Tracers below their threshold are set to it (and, with `tracer_thres_max`, those at
     or above the maximum to it)."""
 
+    key = "tracer_fixer"
     uses_input = False
 
     def __init__(self, conf: Mapping[str, Any], layout: ChannelLayout) -> None:
@@ -106,8 +108,6 @@ class ConservationFixer(Fixer):
         if physics.sigma:
             self.sp = layout.indices(list(conf.get("surface_pressure_name") or []),
                                      f"{self.key}.surface_pressure_name")[0]
-
-    key = ""
 
     def _sp(self, t: torch.Tensor) -> torch.Tensor | None:
         return t[:, self.sp] if self.sp is not None else None
