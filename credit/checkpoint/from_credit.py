@@ -27,6 +27,7 @@ from credit.models.credit_checkpoint import (load_credit_weights, read_credit_co
 from credit.models.credit_config import (CREDIT_CLASSES, GEN2_POST_CONF, build_credit_model, count_parameters,
                                          credit_spec, hydra_value, ignored_keys, post_conf_overrides, refused_keys,
                                          resolve_credit_model)
+from credit.models.postblocks.settings import active_fixers
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,7 @@ def describe_credit_model(credit_config: str | Path) -> tuple[list[str], list[st
     if post_blocks and isinstance(config.get("data"), Mapping) and "source" in config["data"]:
         lines.append(f"note: {GEN2_POST_CONF}")
     if post_blocks:
-        active = sorted({o.split(".")[2] for o in post_blocks if o.startswith("model.post_conf.") and
-                         o.endswith(".activate=true") and o.count(".") == 3})
+        active = sorted(name for names in active_fixers(section["post_conf"]) for name in names)
         lines.append(f"post blocks: {', '.join(active)} (CREDIT's post_conf, as model.post_conf)")
     lines.append("model overrides: " + " ".join([*overrides, *post_blocks]))
     return lines, refused, [*overrides, *post_blocks]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -202,8 +203,6 @@ def post_conf_overrides(section: Mapping[str, Any], data: Mapping[str, Any] | No
     `data.save_loc_physics` (made absolute when found beside the config or in the working
     directory). Keys of an active fixer that CREDIT does not read (e.g. the water fixer's own
     `grid_type`) are returned as ignored. Empty when no post block is active."""
-    from pathlib import Path
-
     post_conf = section.get("post_conf")
     if credit_type(section.get("type")) not in POST_BLOCK_TYPES or not isinstance(post_conf, Mapping):
         return [], []
