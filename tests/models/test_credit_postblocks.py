@@ -99,3 +99,36 @@ def test_a_fixer_outside_the_model_runs_after_it_as_credits_trainer_runs_it(tmp_
         fixed = model.outside_post_blocks(inside, x, x)
     assert not torch.equal(inside, fixed)
     assert torch.equal(fixed, torch.load(folder / "output.pt"))
+
+
+def test_a_gen2_data_section_gives_the_same_fixers(tmp_path):
+    """The tracer fixture's config rewritten in CREDIT's gen2 schema (`data.source.ERA5`,
+    the normaliser's mean/std under `preblocks`) over statistics files with one more level
+    than the config selects: the fixers pick the channels and levels CREDIT's gen2 rollout
+    picks, and give CREDIT's post-processed output bit for bit."""
+    import xarray as xr
+
+    folder = FIXTURES / "crossformer_tracer_fixer"
+    config = yaml.safe_load((folder / "credit.yml").read_text())
+    for name in ("mean", "std"):
+        with xr.open_dataset(folder / f"{name}.nc") as ds:
+            ds = ds.load()
+            upper = [v for v in ds.data_vars if "level" in ds[v].dims]
+            extra = ds[upper].isel(level=[0]).assign_coords(level=[250]) * 1e3
+            wider = xr.concat([extra, ds[upper]], dim="level").merge(ds.drop_vars(upper), join="outer")
+            wider.to_netcdf(tmp_path / f"{name}.nc")
+    config["data"] = {"source": {"ERA5": {"level_coord": "level", "levels": [500, 850, 1000], "variables": {
+        "prognostic": {"vars_3D": ["U", "V", "T", "Q"], "vars_2D": ["SP", "t2m", "Q500"], "path": "x_%Y.zarr"},
+        "diagnostic": {"vars_2D": ["tp"], "path": "x_%Y.zarr"},
+        "dynamic_forcing": {"vars_2D": ["tsi"], "path": "x_%Y.zarr"}}}},
+        "timestep": "6h", "history_len": 1, "forecast_len": 1}
+    config["preblocks"] = {"per_step": {"norm": {"type": "era5_normalizer", "args": {
+        "mean_path": "mean.nc", "std_path": "std.nc"}}}}
+    gen2 = build_post_blocks(config, tmp_path)
+    without = torch.load(folder / "output_without_postblocks.pt")
+    with torch.no_grad():
+        fixed = gen2.inside(without, torch.load(folder / "input.pt"))
+    assert torch.equal(fixed, torch.load(folder / "output.pt"))
+    config["preblocks"] = {}
+    with pytest.raises(PostBlockConfigError, match="preblocks.norm.args.mean_path is needed"):
+        build_post_blocks(config, tmp_path)

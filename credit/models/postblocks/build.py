@@ -1,8 +1,9 @@
 """The post blocks of a CREDIT config file (`from_credit`) and of a run's config (`credit
 train`, `credit rollout`): one builder, two sources of the channels and the physics file.
 
-A CREDIT config names its channels, statistics and physics file in its gen1 `data:` section
-(CREDIT's parser rules, `settings`); a run names them in `data.*`: the output channels of
+A CREDIT config names its channels, statistics and physics file in its `data:` section,
+gen1 (CREDIT's parser rules) or gen2 (`data.source.ERA5` and the normaliser's files, as
+CREDIT's gen2 rollout reads them; `settings`); a run names them in `data.*`: the output channels of
 `data.variables` and `data.levels`, the dataset's mean and std, `data.physics_file`.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -20,7 +22,7 @@ from torch import nn
 from credit.models.postblocks.fixers import (Fixer, GlobalEnergyFixer, GlobalMassFixer, GlobalWaterFixer,
                                              OutsidePostBlocks, PostBlocks, TracerFixer)
 from credit.models.postblocks.settings import (ChannelLayout, PostBlockConfigError, active_fixers, channel_layout,
-                                               column_physics, physics_field, resolve_path)
+                                               channel_layout_gen2, column_physics, physics_field, resolve_path)
 
 
 @dataclass
@@ -87,11 +89,16 @@ def build_post_blocks(config: Mapping[str, Any], config_dir: Path) -> RunPostBlo
     if not isinstance(data, Mapping):
         raise PostBlockConfigError("post_conf is active but the config has no data: section, which names the "
                                    "channels, statistics and physics file the post blocks need")
-    levels = data.get("levels", model.get("levels"))
-    if levels is None:
-        raise PostBlockConfigError("data.levels (or model.levels) is not set")
-    layout = channel_layout(data, int(levels), config_dir)
-    seconds = int(data.get("lead_time_periods", 6)) * 3600
+    if "source" in data:
+        layout = channel_layout_gen2(config, config_dir)
+        seconds = int(pd.Timedelta(data["timestep"]).total_seconds()) if data.get("timestep") \
+            else int(data.get("lead_time_periods", 6)) * 3600
+    else:
+        levels = data.get("levels", model.get("levels"))
+        if levels is None:
+            raise PostBlockConfigError("data.levels (or model.levels) is not set")
+        layout = channel_layout(data, int(levels), config_dir)
+        seconds = int(data.get("lead_time_periods", 6)) * 3600
     physics_path = None
     if any(name != "tracer_fixer" for name in inside + outside):
         physics_path = resolve_path(data.get("save_loc_physics"), "data.save_loc_physics", config_dir)

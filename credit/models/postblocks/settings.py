@@ -76,9 +76,6 @@ def resolve_path(value: Any, key: str, config_dir: Path) -> Path:
 
 def channel_layout(data: Mapping[str, Any], levels: int, config_dir: Path) -> ChannelLayout:
     """The output channels of CREDIT's gen1 data section and their `std_new` statistics."""
-    if "source" in data:
-        raise PostBlockConfigError("data.source: CREDIT's post blocks are read from the gen1 data section "
-                                   "(data.variables, ...) here; a gen2 data section is not yet")
     scaler = data.get("scaler_type", "std_new")
     if scaler != "std_new":
         raise PostBlockConfigError(f"data.scaler_type={scaler!r}: the post blocks de-normalise with CREDIT's "
@@ -98,6 +95,46 @@ def channel_layout(data: Mapping[str, Any], levels: int, config_dir: Path) -> Ch
                 values += [array[i] for i in range(levels)] if name in upper else [array.reshape(())]
         stats.append(torch.stack(values).to(torch.float32))
     return ChannelLayout(output, len(upper) * levels + len(surface), stats[0], stats[1])
+
+
+def channel_layout_gen2(config: Mapping[str, Any], config_dir: Path) -> ChannelLayout:
+    """The output channels of CREDIT's gen2 data section (`data.source.ERA5`) and their
+    statistics, as CREDIT's gen2 rollout de-normalises: prognostic 3-D variables at every
+    level, prognostic 2-D, diagnostic 3-D, diagnostic 2-D; mean and std from the
+    normaliser's files (`preblocks[.per_step].norm.args`), 3-D ones selected along
+    `level_coord` at `levels` (every level of the file when `levels` is unset), and a
+    variable the files lack left as mean 0, std 1, as CREDIT leaves it."""
+    source = (config["data"].get("source") or {}).get("ERA5")
+    if not isinstance(source, Mapping):
+        raise PostBlockConfigError("data.source.ERA5 is not set: the post blocks read their channels from it")
+    variables = source.get("variables") or {}
+    group = {kind: variables.get(kind) or {} for kind in ("prognostic", "diagnostic")}
+    levels = source.get("levels")
+    count = len(levels) if levels else int((config.get("model") or {}).get("levels") or 0)
+    preblocks = config.get("preblocks") or {}
+    norm = (preblocks.get("norm") or (preblocks.get("per_step") or {}).get("norm") or {}).get("args") or {}
+    level_coord = source.get("level_coord", "level")
+    columns = [(name, kind == "3D") for part in ("prognostic", "diagnostic") for kind in ("3D", "2D")
+               for name in group[part].get(f"vars_{kind}") or []]
+    output = [name for name, upper in columns for _ in range(count if upper else 1)]
+    stats = []
+    for key in ("mean_path", "std_path"):
+        path = resolve_path(norm.get(key), f"preblocks.norm.args.{key}", config_dir)
+        with xr.open_dataset(path) as ds:
+            values = []
+            for name, upper in columns:
+                if name not in ds:
+                    values.append(torch.full((count if upper else 1,), 0.0 if key == "mean_path" else 1.0,
+                                             dtype=torch.float64))
+                    continue
+                array = ds[name].sel({level_coord: levels}) if upper and levels else ds[name]
+                values.append(torch.tensor(array.values, dtype=torch.float64).reshape(-1))
+        stats.append(torch.cat(values).to(torch.float32))
+    if stats[0].numel() != len(output):
+        raise PostBlockConfigError(f"preblocks.norm.args: the statistics give {stats[0].numel()} channels for the "
+                                   f"{len(output)} of data.source.ERA5 ({count} levels)")
+    state = len(group["prognostic"].get("vars_3D") or []) * count + len(group["prognostic"].get("vars_2D") or [])
+    return ChannelLayout(output, state, stats[0], stats[1])
 
 
 def column_physics(post_conf: Mapping[str, Any], path: Path, key: str, deterministic: bool = False) -> ColumnPhysics:
