@@ -12,7 +12,7 @@ USAGE = """credit <command> [args]
 commands:
   train [--nproc N] [KEY=VALUE ...]
                                  train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
-                                 --nproc N launches N ranks with torchrun (e.g. parallelism=fsdp2_tp2)
+                                 --nproc N launches N local ranks (e.g. parallelism=fsdp2_tp2)
   rollout [--nproc N] [KEY=VALUE ...]
                                  forecasts from a checkpoint of the run (same overrides as train, plus
                                  rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
@@ -87,76 +87,35 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
     return None, rest
 
 
-_EXIT_DIR = "CREDIT_RANK_EXIT_DIR"  # where launched ranks leave their exit codes
 DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
 
 
 def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
-    """Run `credit <command_name>` as `nproc` local ranks under torchrun (same overrides) and
-    exit with the ranks' own exit code (torchrun reports any failure as 1; an SDC stop is 3,
-    a config error 2)."""
+    """Run `credit <command_name>` as `nproc` local ranks (same overrides; `credit.launch`)
+    and exit with the ranks' own exit code (an SDC stop is 3, a config error 2)."""
     import os
-    import subprocess
-    import tempfile
 
-    command = [
-        sys.executable, "-m", "credit.cli", _AGENT, "--standalone",
-        f"--nproc_per_node={nproc}", "-m", "credit.cli", command_name, *overrides,
-    ]
-    with tempfile.TemporaryDirectory() as codes:
-        env = {"OMP_NUM_THREADS": "1", **os.environ, _EXIT_DIR: codes}
-        launcher_code = subprocess.call(command, env=env)
-        ranks = [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]
+    from credit.launch import launch
+
+    succeeded, ranks = launch(nproc, [command_name, *overrides], debug=os.environ.get(DEBUG_ENV) == "1")
     failed = [code for code in ranks if code]
-    if launcher_code and not failed and len(ranks) == nproc:
-        # every rank finished its work and left its process group, then one aborted in the
-        # interpreter's exit (gloo's threads: "terminate called without an active exception"):
-        # nothing of the run is lost
-        print(f"warning: all {nproc} ranks finished with exit code 0; a rank then aborted while its "
-              f"interpreter exited, which changes nothing of the result", file=sys.stderr)
+    if not succeeded and not failed and len(ranks) == nproc:
+        # every rank finished its work and left its process group, then one aborted in its
+        # exit (gloo's threads: "terminate called without an active exception"): nothing of
+        # the run is lost
+        print(f"warning: all {nproc} ranks finished with exit code 0; a rank then aborted while it "
+              f"exited, which changes nothing of the result", file=sys.stderr)
         sys.exit(0)
-    if launcher_code and not failed:  # a rank died before it could say why (killed, crashed)
+    if not succeeded and not failed:  # a rank died before it could say why (killed, crashed)
         _fail(f"{len(ranks)} of {nproc} ranks finished; the launch failed without an error "
               f"line from a rank (--debug shows the launcher's report)")
         sys.exit(2)
-    sys.exit(max(failed) if failed else launcher_code)
-
-
-_AGENT = "_torchrun"  # internal command: torchrun's agent without its own failure report
-
-
-def _torchrun(args: Sequence[str]) -> int:
-    """torchrun's launcher, quiet about failed ranks: each rank has printed its one `error:`
-    line, and `_launch` exits with the ranks' own codes, so the agent's log lines and its
-    ChildFailedError traceback would only bury that line (shown with --debug)."""
-    import logging
-    import os
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    if os.environ.get(DEBUG_ENV) == "1":
-        run(parse_args(list(args)))
-        return 0
-    logging.disable(logging.ERROR)  # this process only launches and watches the ranks
-    try:
-        run(parse_args(list(args)))
-    except ChildFailedError:
-        return 1
-    return 0
-
-
-def _record_exit(code: int) -> None:
-    import os
-
-    where = os.environ.get(_EXIT_DIR)
-    if where:
-        (Path(where) / f"{os.environ.get('RANK', '0')}.code").write_text(str(code))
+    sys.exit(max(failed) if failed else 0)
 
 
 def _compose_or_launch(args: Sequence[str], command_name: str):
     """Compose and validate the config (and the layout for --nproc N); with N > 1, re-run
-    the command as N ranks under torchrun, which does not return. Returns (exit code, cfg):
+    the command as N local ranks (credit.launch), which does not return. Returns (exit code, cfg):
     a non-None exit code means stop with it."""
     from credit.config import ConfigError, compose_config
 
@@ -352,9 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in args:
         args.remove("--debug")
-        os.environ[DEBUG_ENV] = "1"  # torchrun-launched ranks inherit it
-    if args and args[0] == _AGENT:
-        return _torchrun(args[1:])
+        os.environ[DEBUG_ENV] = "1"  # launched ranks inherit it
     try:
         return _dispatch(args)
     except Exception as error:
@@ -404,7 +361,4 @@ def _dispatch(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_code = main()
-    if sys.argv[1:2] != [_AGENT]:  # the launcher is not a rank
-        _record_exit(exit_code)
-    sys.exit(exit_code)
+    sys.exit(main())

@@ -1,8 +1,9 @@
 """Killing one rank of a running `credit train --nproc N` launch, without a race.
 
-`credit train --nproc N` starts torchrun's agent, which starts the ranks, so the rank to kill
-is found by the RANK in its environment, never by its place in the process tree (killing the
-agent instead would orphan ranks that go on to finish the run). The watcher polls the run's
+`credit train --nproc N` runs the elastic agent, whose forkserver forks the ranks, so the rank
+to kill is found by its process name (`credit-rank-N`, `credit.launch`), never by its place
+in the process tree (killing the agent or the forkserver instead would orphan ranks that go
+on to finish the run). The watcher polls the run's
 metrics and kills when it sees a given step; on a loaded machine the ranks could reach their
 next checkpoint between the poll and the kill, so the whole process tree is frozen (SIGSTOP)
 first, the rank is killed, and the rest continue.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+
+from credit.launch import RANK_NAME
 
 
 def children(pid: int) -> list[int]:
@@ -30,16 +33,14 @@ def descendants(pid: int) -> list[int]:
 
 
 def rank_of(pid: int) -> int | None:
-    """The torch.distributed RANK a process was started with, or None."""
+    """The rank a launched process names itself (`credit-rank-N`), or None."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    for entry in entries:
-        if entry.startswith(b"RANK="):
-            return int(entry[5:])
-    return None
+    prefix = RANK_NAME.format(rank="")
+    return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -58,7 +59,7 @@ def kill_last_rank(agent_pid: int) -> int:
     try:
         ranks = {rank: pid for pid in tree if (rank := rank_of(pid)) is not None}
         if not ranks:
-            raise RuntimeError(f"no process under pid {agent_pid} has a RANK in its environment")
+            raise RuntimeError(f"no process under pid {agent_pid} is named {RANK_NAME.format(rank='N')}")
         last = max(ranks)
         os.kill(ranks[last], signal.SIGKILL)
         return last

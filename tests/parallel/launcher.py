@@ -3,10 +3,15 @@
 Every multi-rank test uses this one helper. The function runs after the process group is
 up; whatever it returns (picklable) comes back in rank order. A rank that raises fails
 the launch with that rank's traceback.
+
+The ranks are forked from multiprocessing's forkserver, which imports torch and this package
+once per test process (`credit.launch.PRELOAD`, as `credit train --nproc` does), instead of
+each rank importing them afresh.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import socket
@@ -21,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from credit.launch import PRELOAD
 
 
 class RankFailure(RuntimeError):
@@ -61,13 +68,14 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
     """`fn(*args)` on `world_size` ranks; returns the list of per-rank results."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))  # read when the server first starts
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
             _entry,
             args=(world_size, _free_port(), out_dir, fn, args),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         deadline = time.monotonic() + timeout
         try:
