@@ -4,7 +4,8 @@ After tensor parallelism and fully_shard, the projections' gradients are DTensor
 2-D (dp, tp) mesh while every other gradient lives on the 1-D dp mesh (or is a plain
 tensor without data parallelism). `torch.nn.utils.clip_grad_norm_` stacks all norms in
 one foreach call, which DTensor rejects across meshes; here gradients are grouped by
-mesh, each group goes through torch's own `get_total_norm`, and the groups combine.
+mesh, each group goes through torch's own `get_total_norm`, and the groups combine; the
+clipping factor then scales each gradient's local values.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
-from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+from torch.nn.utils import get_total_norm
 
 
 def _mesh_key(tensor: torch.Tensor) -> object:
@@ -56,6 +57,7 @@ def total_grad_norm(
     return torch.linalg.vector_norm(stacked, norm_type)
 
 
+@torch.no_grad()
 def clip_grad_norm_(
     parameters: Iterable[torch.Tensor] | torch.Tensor,
     max_norm: float,
@@ -73,10 +75,21 @@ def clip_grad_norm_(
     total = total_grad_norm([p.grad for p in params], norm_type, error_if_nonfinite)
     if not params:
         return total
-    for group in _group_by_mesh(params):
-        # torch's foreach scaling also rejects mixed meshes: scale one mesh at a time
-        clip_grads_with_norm_(group, max_norm, total)
+    # torch's clip_grads_with_norm_ factor, applied to each gradient's local values: the same
+    # bits as DTensor's elementwise multiply by a replicated scalar, without the sharding
+    # propagation of a foreach op over mixed meshes and placements (seconds per new layout)
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    for device, grads in _group_by_device(local).items():
+        torch._foreach_mul_(grads, factor.to(device))
     return total
+
+
+def _group_by_device(tensors: list[torch.Tensor]) -> dict[torch.device, list[torch.Tensor]]:
+    groups: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.device, []).append(tensor)
+    return groups
 
 
 def _replicated_over_tp(param: torch.Tensor) -> bool:

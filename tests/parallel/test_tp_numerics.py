@@ -150,8 +150,18 @@ def mixed_mesh_clip():
         torch_rejects = True
     expected = torch.nn.utils.get_total_norm(full)
     max_norm = expected.item() / 4
+    copies = []  # parameters holding a copy of each gradient, for torch's own clipping
+    for p in params:
+        copies.append(nn.Parameter(p.detach().clone()))
+        copies[-1].grad = DTensor.from_local(p.grad.to_local().clone(), p.grad.device_mesh, p.grad.placements,
+                                             run_check=False, shape=p.grad.shape, stride=p.grad.stride())
     norm = clip_grad_norm_(params, max_norm)
     after = total_grad_norm([p.grad for p in params])
+    # the local scaling gives the bits of torch's own scaling of each mesh's DTensor gradients
+    for mesh_names in meshes:
+        torch.nn.utils.clip_grads_with_norm_(
+            [c for c in copies if c.grad.device_mesh.mesh_dim_names == mesh_names], max_norm, norm)
+    same_bits = all(torch.equal(c.grad.full_tensor(), p.grad.full_tensor()) for c, p in zip(copies, params))
     return {
         "meshes": sorted(meshes),
         "torch_rejects": torch_rejects,
@@ -160,6 +170,7 @@ def mixed_mesh_clip():
         "plain": not isinstance(norm, DTensor),
         "after": after.item(),
         "max_norm": max_norm,
+        "same_bits": same_bits,
     }
 
 
@@ -172,3 +183,4 @@ def test_mixed_mesh_clip_matches_torch_on_materialized_grads():
         assert result["plain"]
         assert abs(result["norm"] - result["expected"]) <= 8 * eps * result["expected"]
         assert result["after"] == pytest.approx(result["max_norm"], rel=1e-5)
+        assert result["same_bits"]
