@@ -63,20 +63,29 @@ def layouts(world: int, sequence_parallel: bool) -> list[Layout]:
     return found
 
 
+class Rows(list):
+    """The traced rows, and `model`: a line naming the model and its parameter count."""
+
+    model: str = ""
+
+
 def plan_rows(overrides: Sequence[str], gpus: Sequence[int], grid: tuple[int, int] | None = None,
-              global_batch: int | None = None, progress: bool = True) -> list[Row]:
+              global_batch: int | None = None, progress: bool = True) -> Rows:
     """Trace every layout of each number of GPUs in `gpus`. `global_batch` (samples per
-    optimizer step) defaults to each count's GPUs x trainer.batch_size x grad_accum_steps."""
+    optimizer step) defaults to each count's GPUs x trainer.batch_size x grad_accum_steps.
+    The returned list's `model` attribute names the model and its parameter count."""
     # the layouts set the data parallelism; the base config needs one its other keys allow (bf16)
     base = compose_config([*overrides, "trainer.parallelism.data=fsdp2"])
     check_traceable(base)
     shapes = sample_shapes(base, grid)
     with torch.device("meta"):  # a model that cannot be built on this grid: one error, not a row per layout
-        build_model(base.model, **shapes.layout())
+        model = build_model(base.model, **shapes.layout())
     accum = base.trainer.grad_accum_steps
     todo = [(world, layout) for world in gpus
             for layout in layouts(world, base.model.name in SEQUENCE_PARALLEL_MODELS)]
-    rows = []
+    rows = Rows()
+    rows.model = (f"model: {base.model.name} on a {shapes.grid[0]}x{shapes.grid[1]} grid, "
+                  f"{sum(p.numel() for p in model.parameters()):,} parameters")
     package_log = logging.getLogger("credit")
     level = package_log.level
     package_log.setLevel(logging.WARNING)  # parallelisation's log lines, once per trace
@@ -124,7 +133,7 @@ def _gib(value: float) -> str:
 def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str) -> str:
     """A markdown table of `rows` and the layouts whose peak fits `usable` x the GPU's memory."""
     limit = usable * gpu_memory_gib * GIB
-    lines = [f"## {title}", "",
+    lines = [f"## {title}", "", *([rows.model, ""] if isinstance(rows, Rows) and rows.model else []),
              f"Per rank, GiB (2^30 bytes); sent: GB (10^9 bytes) one rank sends per step (ring algorithms), "
              f"within its tensor-parallel group (tp) and across data-parallel replicas (dp, including groups "
              f"of every rank); step: the step's own memory above what is held; fits: the peak within "

@@ -1,12 +1,16 @@
 """`credit plan` as a user runs it: the table, the layouts that fit, its file, and one clear
 error line for each bad input (nothing written)."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from credit.models.credit_checkpoint import read_credit_model_section
+from credit.models.credit_config import count_parameters, resolve_credit_model
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -36,12 +40,18 @@ def test_plan_prints_every_layout_and_what_fits(tmp_path):
 
 
 def test_plan_reads_the_model_of_a_credit_config():
-    result = _plan("--gpus", "1", "--credit-config", "benchmarks/configs/wxformer_0.25deg.yml",
-                   "--global-batch", "1", "trainer.parallelism.mixed_precision=bf16")
+    """CREDIT's older CrossFormer from a (scaled-down) CREDIT config: the plan names it with
+    the parameter count CREDIT's own code gives, and traces it."""
+    fixture = REPO / "tests" / "fixtures" / "credit_reference" / "crossformer_old_scse"
+    result = _plan("--gpus", "1", "--credit-config", str(fixture / "model.yml"), "--global-batch", "1")
     assert result.returncode == 0, result.stderr
+    # CREDIT's count also holds a cube_embedding its forward never calls, which ours leaves out
+    credit_count, count = count_parameters(*resolve_credit_model(read_credit_model_section(fixture / "model.yml")))
+    assert credit_count == json.loads((fixture / "meta.json").read_text())["parameters"]
+    assert f"model: crossformer on a 29x56 grid, {count:,} parameters" in result.stdout, result.stdout
     row = next(line for line in result.stdout.splitlines() if line.startswith("| 1 "))
-    peak = float(row.split("|")[10])
-    assert 20 < peak < 80, row  # CREDIT's 0.25° wxformer, one sample in fp32: tens of GiB
+    params, optimizer = float(row.split("|")[5]), float(row.split("|")[7])
+    assert params == round(count * 4 / 2**30, 3) and optimizer == round(2 * count * 4 / 2**30, 3), row
 
 
 @pytest.mark.parametrize("args, message", [
