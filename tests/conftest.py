@@ -76,10 +76,12 @@ HEAVY = {
 # one worker starting a four-minute file last.
 LONGEST_FIRST = (
     "train/test_deterministic_training.py",
-    "manual/test_gpu_kit.py",
-    "parallel/test_deterministic_tp.py",
     "rollout/test_default_skill.py",
     "diagnostics/test_sdc_training.py",
+    "parallel/test_distributed_training.py",
+    "plan/test_plan_command.py",
+    "parallel/test_tp_parity_acceptance.py",
+    "manual/test_gpu_kit.py",
 )
 
 

@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def _by_device(shadows: list[torch.Tensor], params: list[torch.Tensor]) -> dict:
+    groups: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for shadow, param in zip(shadows, params):
+        groups.setdefault(shadow.device, []).append((shadow, param))
+    return groups
 
 
 class EMA:
@@ -21,10 +29,24 @@ class EMA:
     def update(self, model: nn.Module) -> None:
         # shadow += (param - shadow) * (1 - decay) in three single-rounding ops, not lerp_:
         # lerp's vector loop fuses a multiply-add its scalar tail does not, and sharding moves
-        # elements between the two (deterministic mode needs the same bits in every layout)
+        # elements between the two (deterministic mode needs the same bits in every layout).
+        # A shadow placed like its parameter is updated on the local values, as DTensor's
+        # elementwise ops would, without three dispatches per parameter and step.
+        shadows, params = [], []
         for name, param in model.named_parameters():
-            shadow = self.shadow[name]
-            shadow.add_((param.detach() - shadow) * (1.0 - self.decay))
+            shadow, param = self.shadow[name], param.detach()
+            if isinstance(shadow, DTensor) and isinstance(param, DTensor) and \
+                    (shadow.device_mesh, shadow.placements) == (param.device_mesh, param.placements):
+                shadow, param = shadow.to_local(), param.to_local()
+            if isinstance(shadow, DTensor) or isinstance(param, DTensor):
+                shadow.add_((param - shadow) * (1.0 - self.decay))
+                continue
+            shadows.append(shadow)
+            params.append(param)
+        for device, group in _by_device(shadows, params).items():
+            differences = torch._foreach_sub([p for _, p in group], [s for s, _ in group])
+            torch._foreach_mul_(differences, 1.0 - self.decay)
+            torch._foreach_add_([s for s, _ in group], differences)
 
     @torch.no_grad()
     def reset_to(self, model: nn.Module) -> None:
