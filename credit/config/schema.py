@@ -297,6 +297,10 @@ class EMAConfig:
 
 @dataclass
 class LossConfig:
+    # the elementwise error, CREDIT's deterministic losses: mse | mae | huber | logcosh |
+    # xtanh | xsigmoid | msle (credit/train/losses.py)
+    function: str = "mse"
+    huber_delta: float = 1.0  # huber: quadratic within |error| < delta, linear outside
     latitude_weighting: bool = True
     variable_weights: Dict[str, float] = field(default_factory=dict)  # default 1.0
 

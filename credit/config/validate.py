@@ -250,11 +250,17 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be >= 1")
     _check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
            "must be in (0, 1)")
+    _check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.function", trainer.loss.function,
+           f"one of {', '.join(LOSS_FUNCTIONS)}")
+    _check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
     for weight_name, weight in trainer.loss.variable_weights.items():
         _check(weight >= 0, f"trainer.loss.variable_weights.{weight_name}", weight, "must be >= 0")
 
 
 ROLLOUT_WEIGHTS = ("auto", "ema", "model")
+# the keys of credit.train.losses.ERRORS (config sits below train: the names are repeated,
+# and tests/train/test_losses.py checks the two agree)
+LOSS_FUNCTIONS = ("mse", "mae", "huber", "logcosh", "xtanh", "xsigmoid", "msle")
 SEQUENCE_PARALLEL_MODELS = CREDIT_MODELS  # the models whose stages declare their grids
 
 

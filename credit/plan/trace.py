@@ -30,7 +30,7 @@ from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, deterministi
 from credit.plan.comm import CommVolume
 from credit.plan.memory import StorageBytes
 from credit.plan.shapes import SampleShapes
-from credit.train.losses import WeightedMSE
+from credit.train.losses import WeightedLoss
 from credit.train.setup import build_optimizer, parallelize_for_training
 from credit.train.step import backward_micro_batch, update_parameters
 
@@ -120,7 +120,7 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic
-            loss_fn = WeightedMSE(torch.ones(grid[0]), torch.ones(channels))
+            loss_fn = WeightedLoss(torch.ones(grid[0]), torch.ones(channels))
             memory, comm = StorageBytes(), CommVolume(labels)
             memory.hold(model, optimizer, loss_fn, list(ema.shadow.values()) if ema else [])
             held = memory.current

@@ -1,7 +1,7 @@
 """The loss in deterministic mode: per-sample sums, one tree over the global batch.
 
 The fast loss is a mean over (batch, channel, lat, lon), whose reduction order depends on
-the per-rank batch. Here each sample's weighted squared error is summed by the GEMM's K tree
+the per-rank batch. Here each sample's weighted error is summed by the GEMM's K tree
 (a row of its own, so the same bits at any batch size), and the backward seed of every sample
 is the same constant, 1 / (global batch x elements x forecast steps), in every layout. The
 reported loss gathers the per-sample sums of every data-parallel rank and adds them by the
@@ -21,15 +21,16 @@ from credit.kernels.gemm._tree import tree_sum
 from credit.models.inputs import predict
 
 
-def sample_sums(prediction: torch.Tensor, target: torch.Tensor, weights: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """(B,) per-sample sums of the weighted squared error, each by the fixed K tree."""
-    weighted = weights((prediction - target) ** 2).reshape(prediction.shape[0], -1)
+def sample_sums(prediction: torch.Tensor, target: torch.Tensor,
+                weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """(B,) per-sample sums of the weighted error, each by the fixed K tree."""
+    weighted = weighted_error(prediction, target).reshape(prediction.shape[0], -1)
     ones = torch.ones((weighted.shape[1], 1), dtype=weighted.dtype, device=weighted.device)
     return det_mm(weighted, ones)[:, 0]
 
 
 def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
-                         weights: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                         weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """(B,) per-sample sums over `forecast_len` autoregressive steps (added step by step);
     the prediction is fed back detached, as in the fast loss."""
     state, forcing, static, target = batch["state"], batch["forcing"], batch["static"], batch["target"]
@@ -37,7 +38,7 @@ def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
     total, initial_state = None, state
     for step in range(target.shape[1]):
         prediction = predict(model, state, forcing[:, step : history_len + step + 1], static, initial_state)
-        sums = sample_sums(prediction, target[:, step], weights)
+        sums = sample_sums(prediction, target[:, step], weighted_error)
         total = sums if total is None else total + sums
         if step + 1 < target.shape[1]:
             state = torch.cat([state[:, 1:], prediction[:, :state_channels].detach().unsqueeze(1)], dim=1)

@@ -1,10 +1,18 @@
-"""Latitude-weighted MSE on normalized variables, with per-variable weights."""
+"""The training loss: an elementwise error (CREDIT's deterministic losses) on normalized
+variables, weighted by latitude and per variable, averaged.
+
+The error functions are CREDIT's (`credit/losses`), which its trainer calls as
+`loss(target, prediction)`: mse, mae and huber are torch's; logcosh, xtanh and xsigmoid
+add 1e-12 to target - prediction; msle compares log(|x| + 1). mse keeps the expression it
+always had here, (prediction - target)^2, the same bits as CREDIT's (target - prediction)^2.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,17 +26,47 @@ def channel_weights(
     return weights / weights.mean()
 
 
-class WeightedMSE(nn.Module):
-    """mean over (batch, channel, lat, lon) of w_lat * w_channel * (pred - target)^2."""
+def _logcosh(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
+    return torch.log(torch.cosh(target - prediction + 1e-12))
 
-    def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor) -> None:
+
+def _xtanh(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
+    error = target - prediction + 1e-12
+    return error * torch.tanh(error)
+
+
+def _xsigmoid(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
+    error = target - prediction + 1e-12
+    return 2 * error / (1 + torch.exp(-error)) - error
+
+
+ERRORS = {
+    "mse": lambda prediction, target, delta: (prediction - target) ** 2,
+    "mae": lambda prediction, target, delta: (target - prediction).abs(),
+    "huber": lambda prediction, target, delta: F.huber_loss(target, prediction, reduction="none", delta=delta),
+    "logcosh": _logcosh,
+    "xtanh": _xtanh,
+    "xsigmoid": _xsigmoid,
+    "msle": lambda prediction, target, delta: (torch.log(target.abs() + 1) - torch.log(prediction.abs() + 1)) ** 2,
+}
+"""`trainer.loss.function`: the elementwise error of each, CREDIT's arithmetic."""
+
+
+class WeightedLoss(nn.Module):
+    """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target)."""
+
+    def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
+                 huber_delta: float = 1.0) -> None:
         super().__init__()
+        if function not in ERRORS:
+            raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS)}")
+        self.function, self.huber_delta = function, huber_delta
         self.register_buffer("lat_weights", lat_weights.view(1, 1, -1, 1), persistent=False)
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
 
-    def weight(self, squared: torch.Tensor) -> torch.Tensor:
-        """The per-element weights applied to squared errors (B, C, lat, lon)."""
-        return squared * self.lat_weights * self.chan_weights
+    def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The weighted elementwise error (B, C, lat, lon), before any sum."""
+        return ERRORS[self.function](prediction, target, self.huber_delta) * self.lat_weights * self.chan_weights
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return self.weight((prediction - target) ** 2).mean()
+        return self.weighted_error(prediction, target).mean()

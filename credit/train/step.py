@@ -15,10 +15,10 @@ from credit.parallel.exact_norm import clip_grad_norm_exact_
 from credit.parallel.tree_reduce import tree_all_reduce_gradients
 from credit.train.deterministic import forecast_sample_sums
 from credit.train.forecast import forecast_loss
-from credit.train.losses import WeightedMSE
+from credit.train.losses import WeightedLoss
 
 
-def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: WeightedMSE, *,
+def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: WeightedLoss, *,
                          accum: int, deterministic: bool, step_samples: int) -> tuple[torch.Tensor, float | None]:
     """Forward and backward of one micro-batch. Returns (what the step's loss combines, the
     backward seed): the micro-batch's mean loss and None, or in deterministic mode its
@@ -29,7 +29,7 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
         loss = forecast_loss(model, batch, loss_fn)
         (loss / accum).backward()
         return loss.detach(), None
-    sums = forecast_sample_sums(model, batch, loss_fn.weight)
+    sums = forecast_sample_sums(model, batch, loss_fn.weighted_error)
     target = batch["target"]
     scale = 1.0 / (step_samples * target[0, 0].numel() * target.shape[1])
     (tree_sum(list(sums.unbind(0))) * scale).backward()

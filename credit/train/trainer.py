@@ -38,7 +38,7 @@ from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_
 from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
 from credit.train.deterministic import global_loss
-from credit.train.losses import WeightedMSE, channel_weights
+from credit.train.losses import WeightedLoss, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
 from credit.train.memory import PeakMemory, mib
@@ -142,8 +142,9 @@ class Trainer:
         if not trainer.loss.latitude_weighting:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
-        self.loss_fn = WeightedMSE(
-            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights)
+        self.loss_fn = WeightedLoss(
+            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights),
+            trainer.loss.function, trainer.loss.huber_delta,
         ).to(rt.device)
         self.sampler = DPShardedBatchSampler(
             len(self.train_set),

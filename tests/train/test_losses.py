@@ -1,0 +1,69 @@
+"""CREDIT's deterministic training losses (`trainer.loss.function`): each elementwise error
+against CREDIT's own loss classes on the same tensors (tests/fixtures/credit_losses, made
+with CREDIT's `credit.losses.load_loss`; see its meta.json), and the trainer using the one
+its config names."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from credit.config import ConfigError, compose_config
+from credit.config.validate import LOSS_FUNCTIONS
+from credit.train import run_training
+from credit.train.deterministic import sample_sums
+from credit.train.losses import ERRORS, WeightedLoss
+from credit.train.metrics import read_metrics
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "credit_losses"
+
+
+def test_every_function_has_a_credit_reference_and_a_config_name():
+    assert tuple(ERRORS) == LOSS_FUNCTIONS
+    assert set(torch.load(FIXTURE / "losses.pt")) == set(ERRORS)
+
+
+@pytest.mark.parametrize("function", LOSS_FUNCTIONS)
+def test_the_loss_is_credits_on_the_same_tensors(function):
+    inputs, credit = torch.load(FIXTURE / "inputs.pt"), torch.load(FIXTURE / "losses.pt")[function]
+    prediction, target = inputs["prediction"][:, :, 0], inputs["target"][:, :, 0]  # (B, C, lat, lon)
+    loss = WeightedLoss(torch.ones(prediction.shape[2]), torch.ones(prediction.shape[1]), function,
+                        huber_delta=credit["params"].get("delta", 1.0))
+    ours = loss.weighted_error(prediction, target)
+    reference = credit["elementwise"][:, :, 0]
+    assert torch.allclose(ours, reference, rtol=1e-6, atol=0), (ours - reference).abs().max()
+    assert float(loss(prediction, target)) == pytest.approx(float(credit["mean"]), rel=1e-6)
+
+
+def test_the_trainer_uses_the_configured_function(tmp_path, tiny_overrides):
+    """huber with a delta no error reaches is 0.5 x the squared error, exactly (a power of
+    two): the first step's loss, on the same initial weights and batch, is half mse's."""
+    first = {}
+    for name, extra in [("mse", []), ("huber", ["trainer.loss.huber_delta=1e9"])]:
+        run = tmp_path / name
+        run_training(compose_config(tiny_overrides(run, "trainer.max_steps=1", "trainer.valid_every_n_steps=0",
+                                                   f"trainer.loss.function={name}", *extra)))
+        first[name] = float(read_metrics(run / "metrics.csv")[0]["loss"])
+    assert first["huber"] == 0.5 * first["mse"] and first["mse"] > 0
+
+
+def test_deterministic_mode_sums_the_configured_error():
+    """Deterministic mode's per-sample sums (the fixed K tree) take the same weighted error:
+    huber at a delta no error reaches halves mse's sums exactly, and each function's sums
+    are its elementwise errors' sums."""
+    inputs = torch.load(FIXTURE / "inputs.pt")
+    prediction, target = inputs["prediction"][:, :, 0], inputs["target"][:, :, 0]
+    lat, chan = torch.linspace(0.5, 1.5, prediction.shape[2]), torch.linspace(1.0, 2.0, prediction.shape[1])
+    losses = {name: WeightedLoss(lat, chan, name, huber_delta=1e9) for name in LOSS_FUNCTIONS}
+    sums = {name: sample_sums(prediction, target, loss.weighted_error) for name, loss in losses.items()}
+    assert torch.equal(sums["huber"], 0.5 * sums["mse"])
+    for name, loss in losses.items():
+        expected = loss.weighted_error(prediction, target).double().sum(dim=(1, 2, 3))
+        assert torch.allclose(sums[name].double(), expected, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("override, named", [("trainer.loss.function=crps", "trainer.loss.function='crps'"),
+                                              ("trainer.loss.huber_delta=0", "trainer.loss.huber_delta=0")])
+def test_a_bad_loss_key_is_one_error_naming_it(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("'", "'")):
+        compose_config([override])
