@@ -67,7 +67,7 @@ def test_a_forecast_is_the_same_alone_or_in_a_batch(name):
 def _grads(net, x, target, first_sample, global_batch):
     net.zero_grad(set_to_none=True)
     with dropout_step(seed=3, step=1, sample_offset=first_sample, local_batch=x.shape[0]):
-        sums = sample_sums(net(x), target, lambda squared: squared)
+        sums = sample_sums(net(x), target, lambda p, t: (p - t) ** 2)
         (tree_sum(list(sums.unbind(0))) * (1.0 / (global_batch * target[0].numel()))).backward()
     return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
 

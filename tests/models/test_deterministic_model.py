@@ -36,7 +36,7 @@ def test_a_forecast_is_the_same_alone_or_in_a_batch_of_8(grid):
 def _grads(model, x, target, first_sample, global_batch):
     model.zero_grad(set_to_none=True)
     with dropout_step(seed=3, step=1, sample_offset=first_sample, local_batch=x.shape[0]):
-        sums = sample_sums(model(x), target, lambda squared: squared)
+        sums = sample_sums(model(x), target, lambda p, t: (p - t) ** 2)
         (tree_sum(list(sums.unbind(0))) * (1.0 / (global_batch * target[0].numel()))).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
