@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(1200)  # seven steps, each a fresh process; the first may compile the CPU GEMM
+@pytest.mark.timeout(1200)  # nine steps, each a fresh process; the first may compile the CPU GEMM
 def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
@@ -23,13 +23,16 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
     log = (out / "kit_cpu_dry_run.log").read_text() if (out / "kit_cpu_dry_run.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-6000:]
     assert sorted(p.name for p in out.iterdir()) == [
-        "determinism_cpu_dry_run.md", "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
+        "determinism_cpu_dry_run.md", "determinism_cpu_dry_run_crossformer.md", "determinism_cpu_dry_run_wxformer.md",
+        "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
 
     kit = (out / "kit_cpu_dry_run.md").read_text()
     steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
     assert [s.split("|")[1].strip() for s in steps] == [
         "kernel tests", "train fast", "train deterministic (1)", "train deterministic (2)",
-        "deterministic runs hold the same bits", "benchmarks/determinism.py", "benchmarks/gemm.py"]
+        "deterministic runs hold the same bits", "benchmarks/determinism.py",
+        "benchmarks/determinism.py model=wxformer", "benchmarks/determinism.py model=crossformer",
+        "benchmarks/gemm.py"]
     assert all(s.split("|")[2].strip() == "passed" for s in steps), kit
     assert "torch " + __import__("torch").__version__ in kit
     assert "tests collected" in kit.split("Kernel tests: ")[1].splitlines()[0]  # pytest's own line
@@ -41,8 +44,10 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
     gemm = (out / "gemm_cpu_dry_run.md").read_text()
     assert "## backend cpu on" in gemm and "| float32 | 8x64x64 |" in gemm  # the experiment's shapes
     assert "## backend triton: not available on this machine (no CUDA GPU)" in gemm
-    determinism = (out / "determinism_cpu_dry_run.md").read_text()
-    assert "| median step (s) |" in determinism and "--device cpu --steps 2" in determinism
+    for name, model in [("", None), ("_wxformer", "wxformer"), ("_crossformer", "crossformer")]:
+        determinism = (out / f"determinism_cpu_dry_run{name}.md").read_text()
+        assert "| median step (s) |" in determinism and "--device cpu --steps 2" in determinism
+        assert (f"with model={model}" in determinism) == bool(model), determinism
 
 
 def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
@@ -57,6 +62,6 @@ def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
     assert "failed steps: kernel tests train fast" in proc.stderr
     kit = (out / "kit_cpu_dry_run.md").read_text()
     steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
-    assert len(steps) == 7 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
+    assert len(steps) == 9 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
     assert "**not checked (out of time)**" in kit
     assert "| fast | no finished run in" in kit
