@@ -138,7 +138,7 @@ step() {
     return 0
 }
 
-install() {
+install_kit() {
     local before after
     if ! compgen -G ".whl/*.whl" > /dev/null; then
         echo "error: .whl/ holds no wheels: run manual_tests/gpu/prepare.sh on a machine with PyPI and carry [\".whl\"]"
@@ -193,7 +193,10 @@ PY
 if (( DRY_RUN )); then
     say "dry run on CPU: installing skipped, using $PYTHON as it is"
 else
-    step "install wheels and project (--no-index)" 180 install
+        # `step` runs its command under timeout(1), which runs programs, not shell functions
+    export -f install_kit
+    export PYTHON SITE
+    step "install wheels and project (--no-index)" 180 bash -c install_kit
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
     export PATH=$SITE/bin:$PATH
 fi
@@ -224,7 +227,7 @@ else
     SMALL=("${EXPERIMENT[@]}")
     TRAIN_STEPS=200
     KERNEL_TESTS=(-q -rs -p no:cacheprovider tests/kernels/test_gemm_gpu.py tests/kernels/test_gemm_api.py)
-    GEMM=(--backends triton,cuda --dtypes bfloat16,float32 --repeat 5 --min-time 0.02
+    GEMM=(--backends triton,cuda --dtypes bfloat16,float32 --repeat 3 --min-time 0.01
           --shapes gpu-square,experiment,credit:benchmarks/configs/wxformer_0.25deg.yml)
     DET_STEPS=12
 fi
