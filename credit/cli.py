@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -68,7 +69,6 @@ def _one_line(message: str) -> str:
 def _fail(message: str, every_rank: bool = True) -> int:
     """One `error:` line and exit code 2. An error every rank reaches alike (a config value)
     is printed by rank 0 only (`every_rank=False`)."""
-    import os
 
     if every_rank or os.environ.get("RANK", "0") == "0":
         print(f"error: {_one_line(message)}", file=sys.stderr)
@@ -93,8 +93,6 @@ DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also -
 def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
     """Run `credit <command_name>` as `nproc` local ranks (same overrides; `credit.launch`)
     and exit with the ranks' own exit code (an SDC stop is 3, a config error 2)."""
-    import os
-
     from credit.launch import launch
 
     succeeded, ranks = launch(nproc, [command_name, *overrides], debug=os.environ.get(DEBUG_ENV) == "1")
@@ -113,6 +111,36 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -
     sys.exit(max(failed) if failed else 0)
 
 
+def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str], list[str]]:
+    """`--credit-config FILE` among `args` -> (the overrides FILE maps to followed by the rest of
+    `args`, which win; the report lines). Refusals and unreadable files raise ValueError; the
+    keys ignored are named in one warning (the whole mapping with `report`)."""
+    args = list(args)
+    if "--credit-config" not in args:
+        return args, []
+    at = args.index("--credit-config")
+    if at + 1 >= len(args):
+        raise ValueError("--credit-config needs the path of a CREDIT config file")
+    path = args[at + 1]
+    from credit.checkpoint.from_credit import describe_credit_model
+    from credit.config.credit_file import map_credit_file
+    from credit.models.credit_checkpoint import read_credit_config
+
+    lines, refused, model_overrides = describe_credit_model(path)
+    mapping = map_credit_file(read_credit_config(path))
+    lines += ["# the data, trainer and loss keys", *mapping.lines]
+    refused = [*refused, *mapping.refused]
+    if refused:
+        if report:
+            print("\n".join(lines))
+        raise ValueError(refused[0] if len(refused) == 1 else f"{refused[0]} (and {len(refused) - 1} more: "
+                                                              f"credit check --credit-config {path})")
+    if mapping.ignored and not report and os.environ.get("RANK", "0") == "0":
+        print(f"warning: {path}: CREDIT keys ignored here: {', '.join(mapping.ignored)} (credit check "
+              f"--credit-config {path} says why)", file=sys.stderr)
+    return [*model_overrides, *mapping.overrides, *args[:at], *args[at + 2:]], lines
+
+
 def _compose_or_launch(args: Sequence[str], command_name: str):
     """Compose and validate the config (and the layout for --nproc N); with N > 1, re-run
     the command as N local ranks (credit.launch), which does not return. Returns (exit code, cfg):
@@ -121,6 +149,7 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
 
     try:
         nproc, overrides = _split_nproc(args)
+        overrides, _ = _credit_config(overrides)
         cfg = compose_config(overrides)
         if nproc is not None:
             from credit.parallel.mesh import deterministic_spectral_norm, resolve_layout
@@ -179,23 +208,10 @@ def _check(overrides: Sequence[str]) -> int:
 
     from credit.config import ConfigError, compose_config
 
-    credit_lines: list[str] = []
-    if overrides[:1] == ["--credit-config"]:
-        if len(overrides) < 2:
-            return _fail("usage: credit check --credit-config CREDIT.yml [KEY=VALUE ...]")
-        from credit.checkpoint.from_credit import describe_credit_model
-
-        try:
-            credit_lines, refused, model_overrides = describe_credit_model(overrides[1])
-        except ValueError as error:  # CreditCheckpointError: the file; ValueError: the type
-            return _fail(str(error))
-        if refused:
-            print("\n".join(credit_lines))
-            return _fail(refused[0])
-        overrides = [*model_overrides, *overrides[2:]]
     try:
+        overrides, credit_lines = _credit_config(overrides, report=True)
         cfg = compose_config(overrides)
-    except ConfigError as error:
+    except (ConfigError, ValueError) as error:  # CreditCheckpointError (the file) is a ValueError
         return _fail(str(error))
     if credit_lines:
         print("\n".join(credit_lines))
@@ -306,7 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; every failure ends in one `error:` line and exit status 2 (3: an SDC
     stop). An error no command expects is reported the same way, named by its type, unless
     `--debug` or CREDIT_DEBUG=1 asks for the traceback."""
-    import os
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in args:

@@ -218,6 +218,35 @@ class DataVariables:
 
 
 @dataclass
+class CreditFiles:
+    """CREDIT's gen1 `save_loc*`, `mean_path` and `std_path`: globs of yearly files (the year
+    in each name), one file for `forcing` and `static`; relative to `data.root` or absolute."""
+
+    upper_air: Optional[str] = None
+    surface: Optional[str] = None
+    dynamic_forcing: Optional[str] = None
+    diagnostic: Optional[str] = None
+    forcing: Optional[str] = None
+    static: Optional[str] = None
+    mean: Optional[str] = None
+    std: Optional[str] = None
+
+
+@dataclass
+class CreditDataConfig:
+    """`data.layout=credit-gen1`: CREDIT's gen1 files as CREDIT's dataset reads them
+    (credit/data/credit_gen1.py). `data.variables.forcing` are CREDIT's
+    `dynamic_forcing_variables` (z-scored, from the yearly files); `forcing_file_variables`
+    are its `forcing_variables` (one leap-year file, as stored)."""
+
+    files: CreditFiles = field(default_factory=CreditFiles)
+    forcing_file_variables: List[str] = field(default_factory=list)
+    skip_periods: int = 1  # input frames every k file steps; history_len counts file steps
+    static_first: bool = True  # the forcing block: static, dynamic forcing, forcing (else static last)
+    clamp: Optional[List[float]] = None  # CREDIT's data_clamp: [low, high] after normalisation
+
+
+@dataclass
 class GenerateConfig:
     """How the embedded synthetic dataset is made when `data.root` holds none."""
 
@@ -232,6 +261,8 @@ class DataConfig:
     """The embedded synthetic dataset, generated into `root` on first use."""
 
     root: str = "data/embedded"
+    layout: str = "native"  # native (this project's files) | credit-gen1 (CREDIT's, see `credit`)
+    credit: CreditDataConfig = field(default_factory=CreditDataConfig)
     generate_if_missing: bool = True
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     files: DataFiles = field(default_factory=DataFiles)
@@ -263,7 +294,9 @@ class OptimizerConfig:
 @dataclass
 class SchedulerConfig:
     warmup_steps: int = 30
-    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at total_steps
+    total_steps: int = 0  # where the cosine ends; 0: trainer.max_steps
+    warmup_from_zero: bool = False  # warm-up lr = lr x step / warmup_steps (CREDIT's), not (step + 1)
 
 
 @dataclass
@@ -302,7 +335,9 @@ class LossConfig:
     function: str = "mse"
     huber_delta: float = 1.0  # huber: quadratic within |error| < delta, linear outside
     latitude_weighting: bool = True
-    variable_weights: Dict[str, float] = field(default_factory=dict)  # default 1.0
+    # per variable: one weight, or one per level of an upper-air variable (CREDIT's); default 1.0
+    variable_weights: Dict[str, Any] = field(default_factory=dict)
+    normalize_variable_weights: bool = True  # divide by their mean (CREDIT: false, the weights as given)
 
 
 @dataclass

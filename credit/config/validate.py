@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 PARALLEL_DATA_MODES = ("fsdp2", "ddp", "none")
 MIXED_PRECISION = ("none", "bf16")
@@ -58,6 +58,7 @@ ASYMMETRIC_CROSS_EMBED = ("wxformer", "nextgen_wxformer")  # ZeroPad2d(k - s) br
 DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
 SPECTRAL_NORM_TP = ("shard", "replicate")
 NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
+DATA_LAYOUTS = ("native", "credit-gen1")  # data.layout
 
 
 def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
@@ -191,6 +192,25 @@ def validate_data(data: DictConfig) -> None:
         _check(len(period) == 2, f"data.{key}", period, "give [start, end]")
         start, end = (_parse_time(f"data.{key}", v) for v in period)
         _check(start <= end, f"data.{key}", period, "start must not be after end")
+    _check(data.layout in DATA_LAYOUTS, "data.layout", data.layout, f"one of {list(DATA_LAYOUTS)}")
+    if data.layout == "credit-gen1":
+        credit = data.credit
+        _check(credit.skip_periods >= 1, "data.credit.skip_periods", credit.skip_periods, "must be >= 1")
+        _check(credit.skip_periods == 1 or data.forecast_len == 1, "data.credit.skip_periods", credit.skip_periods,
+               "1 when data.forecast_len > 1 (CREDIT calls skip_periods with multi-step training unstable)")
+        _check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
+               "data.credit.clamp", credit.clamp, "null or [low, high] with low < high")
+        for role in ("upper_air", "surface", "static", "diagnostic"):
+            _check(not data.variables[role] or bool(credit.files[role]), f"data.credit.files.{role}",
+                   credit.files[role], f"a glob for data.variables.{role}={list(data.variables[role])}")
+        _check(not data.variables.forcing or bool(credit.files.dynamic_forcing), "data.credit.files.dynamic_forcing",
+               credit.files.dynamic_forcing, "a glob for data.variables.forcing (CREDIT's dynamic forcing)")
+        _check(not credit.forcing_file_variables or bool(credit.files.forcing), "data.credit.files.forcing",
+               credit.files.forcing, "the forcing file of data.credit.forcing_file_variables")
+        for role in ("mean", "std"):
+            _check(bool(credit.files[role]), f"data.credit.files.{role}", credit.files[role], "the statistics file")
+        _check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
+               "false with data.layout=credit-gen1 (`credit data generate --layout credit-gen1` writes such data)")
     gen = data.generate
     _check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
            "give [n_latitudes, n_longitudes], each >= 4")
@@ -222,6 +242,8 @@ def validate_trainer(trainer: DictConfig) -> None:
     sched = trainer.scheduler
     _check(sched.warmup_steps >= 0, "trainer.scheduler.warmup_steps", sched.warmup_steps,
            "must be >= 0")
+    _check(sched.total_steps >= 0, "trainer.scheduler.total_steps", sched.total_steps,
+           "must be >= 0 (0: trainer.max_steps)")
     _check(0 <= sched.min_lr_ratio <= 1, "trainer.scheduler.min_lr_ratio", sched.min_lr_ratio,
            "must be in [0, 1]")
     ckpt = trainer.checkpoint
@@ -254,7 +276,10 @@ def validate_trainer(trainer: DictConfig) -> None:
            f"one of {', '.join(LOSS_FUNCTIONS)}")
     _check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
     for weight_name, weight in trainer.loss.variable_weights.items():
-        _check(weight >= 0, f"trainer.loss.variable_weights.{weight_name}", weight, "must be >= 0")
+        values = list(weight) if OmegaConf.is_list(weight) or isinstance(weight, (list, tuple)) else [weight]
+        _check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in values),
+               f"trainer.loss.variable_weights.{weight_name}", weight,
+               "a number >= 0, or a list of them (one per level of an upper-air variable)")
 
 
 ROLLOUT_WEIGHTS = ("auto", "ema", "model")

@@ -11,6 +11,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from credit.data.credit_gen1 import CreditGen1Dataset
 from credit.data.dataset import ERA5Dataset, VariableSpec
 from credit.data.generate import generate_dataset
 
@@ -49,7 +50,16 @@ def ensure_dataset(data: DictConfig, is_main: bool) -> Path:
     return root
 
 
-def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
+def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1Dataset:
+    if data.layout == "credit-gen1":
+        v, credit = data.variables, data.credit
+        return CreditGen1Dataset(
+            data.root, files=dict(credit.files), upper_air=list(v.upper_air), surface=list(v.surface),
+            dynamic_forcing=list(v.forcing), forcing=list(credit.forcing_file_variables), static=list(v.static),
+            diagnostic=list(v.diagnostic), levels=list(data.levels), period=tuple(data[period_key]),
+            history_len=data.history_len, forecast_len=data.forecast_len, skip_periods=credit.skip_periods,
+            static_first=credit.static_first, clamp=None if credit.clamp is None else list(credit.clamp),
+        )
     return ERA5Dataset(
         data.root,
         files=dict(data.files),
@@ -65,16 +75,20 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset:
     )
 
 
-def model_layout(data: DictConfig, dataset: ERA5Dataset | None = None) -> dict[str, Any]:
+def model_layout(data: DictConfig, dataset: ERA5Dataset | CreditGen1Dataset | None = None) -> dict[str, Any]:
     """The data layout `build_model` needs (channel counts, history, grid): the variables and
     levels of `data.*` on the grid of `dataset` (default: the training dataset of `data`)."""
     if dataset is None:
         dataset = build_dataset(data, "train_period")
     v = data.variables
+    forcing, frames = len(v.forcing), data.history_len
+    if data.layout == "credit-gen1":  # CREDIT's forcing block: dynamic forcing, forcing file
+        forcing += len(data.credit.forcing_file_variables)
+        frames = dataset.input_frames  # history_len counts file steps, skip_periods apart
     return layout_from_counts(
         upper_air=len(v.upper_air), levels=len(data.levels), surface=len(v.surface),
-        forcing=len(v.forcing), static=len(v.static), diagnostic=len(v.diagnostic),
-        history_len=data.history_len, grid=tuple(dataset.grid_shape),
+        forcing=forcing, static=len(v.static), diagnostic=len(v.diagnostic),
+        history_len=frames, grid=tuple(dataset.grid_shape),
     )
 
 

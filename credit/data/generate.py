@@ -269,6 +269,9 @@ def _parse_grid(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+LAYOUTS = ["native", "credit-gen1"]  # --layout
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (``credit data generate``). Returns the exit status; errors print one line."""
     parser = _ArgumentParser(prog="credit data generate",
@@ -287,8 +290,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="data files as netCDF (default) or zarr stores; statistics are netCDF")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--layout", choices=LAYOUTS, default="native",
+                        help="native (this project's files, default) or credit-gen1 (CREDIT's files and a "
+                             "CREDIT config, credit.yml)")
     try:
         args = parser.parse_args(argv)
+        if args.layout == "credit-gen1":
+            from credit.data.credit_layout_generate import generate_credit_gen1
+
+            if args.format != "netcdf" or args.time_range:
+                raise GenerateError("--layout credit-gen1 writes netCDF files of whole days: leave out --format "
+                                    "and --time-range")
+            path = generate_credit_gen1(args.out, grid=args.grid, years=args.years, levels=args.levels,
+                                        train_years=args.train_years, seed=args.seed, days_per_year=args.days_per_year,
+                                        progress=not args.no_progress, overwrite=args.overwrite)
+            print(f"wrote CREDIT's gen1 layout to {path}; train on it with: credit train --credit-config "
+                  f"{path / 'credit.yml'}")
+            return 0
         path = generate_dataset(args.out, grid=args.grid, years=args.years, levels=args.levels,
                                 train_years=args.train_years, seed=args.seed, progress=not args.no_progress,
                                 days_per_year=args.days_per_year,

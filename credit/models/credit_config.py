@@ -245,8 +245,11 @@ def hydra_value(value: Any) -> str:
         return "null"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, str):
-        return repr(value) if any(c in value for c in " ,[]{}=:'\"") else value
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):  # quoted unless plainly a word, a number or a path
+        plain = value and all(c.isalnum() or c in "_-./" for c in value)
+        return value if plain else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return str(value)
 
 

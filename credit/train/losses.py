@@ -10,6 +10,7 @@ always had here, (prediction - target)^2, the same bits as CREDIT's (target - pr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,13 +18,29 @@ from torch import nn
 
 
 def channel_weights(
-    channel_variables: Sequence[str], variable_weights: Mapping[str, float]
+    channel_variables: Sequence[str], variable_weights: Mapping[str, Any], normalize: bool = True
 ) -> torch.Tensor:
-    """One weight per output channel from per-variable weights (default 1), mean 1."""
-    weights = torch.tensor([float(variable_weights.get(v, 1.0)) for v in channel_variables])
+    """One weight per output channel from per-variable weights (default 1): a number, or a
+    list with one weight per channel of that variable (an upper-air variable's levels, in
+    order, as CREDIT gives them). `normalize` divides them by their mean."""
+    counts = {v: channel_variables.count(v) for v in dict.fromkeys(channel_variables)}
+    seen: dict[str, int] = {}
+    weights = []
+    for v in channel_variables:
+        given = variable_weights.get(v, 1.0)
+        if isinstance(given, (int, float)):
+            weights.append(float(given))
+        else:
+            given = list(given)
+            if len(given) != counts[v]:
+                raise ValueError(f"trainer.loss.variable_weights.{v} has {len(given)} values; {v} has "
+                                 f"{counts[v]} output channels (one per level)")
+            weights.append(float(given[seen.get(v, 0)]))
+        seen[v] = seen.get(v, 0) + 1
+    weights = torch.tensor(weights, dtype=torch.float64)
     if weights.sum() <= 0:
         raise ValueError("trainer.loss.variable_weights leaves every output variable at weight 0")
-    return weights / weights.mean()
+    return (weights / weights.mean() if normalize else weights).float()
 
 
 def _logcosh(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:

@@ -136,14 +136,16 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, trainer.optimizer, self.deterministic)
         sched = trainer.scheduler
         self.scheduler = warmup_cosine(
-            self.optimizer, sched.warmup_steps, trainer.max_steps, sched.min_lr_ratio
+            self.optimizer, sched.warmup_steps, sched.total_steps or trainer.max_steps, sched.min_lr_ratio,
+            from_zero=sched.warmup_from_zero,
         )
         lat_w = latitude_weights(self.train_set.latitude)
         if not trainer.loss.latitude_weighting:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
         self.loss_fn = WeightedLoss(
-            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights),
+            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights,
+                                   trainer.loss.normalize_variable_weights),
             trainer.loss.function, trainer.loss.huber_delta,
         ).to(rt.device)
         self.sampler = DPShardedBatchSampler(
@@ -225,12 +227,12 @@ class Trainer:
                 group["initial_lr" if key == "lr" else key] = value
         saved = self.scheduler.lr_lambdas[0]  # the schedule's parameters as saved
         for key, now, before in (("trainer.scheduler.warmup_steps", sched.warmup_steps, saved.warmup_steps),
-                                 ("trainer.max_steps", trainer.max_steps, saved.max_steps),
+                                 ("trainer.max_steps", sched.total_steps or trainer.max_steps, saved.max_steps),
                                  ("trainer.scheduler.min_lr_ratio", sched.min_lr_ratio, saved.min_lr_ratio)):
             if now != before:
                 changes[key] = (before, now)
-        self.scheduler = warmup_cosine(self.optimizer, sched.warmup_steps, trainer.max_steps,
-                                       sched.min_lr_ratio, step=self.step)
+        self.scheduler = warmup_cosine(self.optimizer, sched.warmup_steps, sched.total_steps or trainer.max_steps,
+                                       sched.min_lr_ratio, step=self.step, from_zero=sched.warmup_from_zero)
         if self.runtime.is_main:
             for key, (before, now) in changes.items():
                 log.info("resume: %s %s -> %s (the config wins; checkpoint value replaced)", key, before, now)

@@ -1,0 +1,126 @@
+"""A CREDIT config file's data, trainer and loss sections (credit/config/credit_file.py):
+the loss it maps to equals CREDIT's own on the same tensors (tests/fixtures/credit_gen1_data,
+made with CREDIT's code), `credit check` reports every key, `credit train` trains from a
+config `credit data generate --layout credit-gen1` wrote, and what is not honoured is one line."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import yaml
+
+from credit.config import compose_config
+from credit.config.credit_file import TABLE, map_credit_file
+from credit.data.latitude import latitude_weights
+from credit.train.losses import WeightedLoss, channel_weights
+from credit.train.validation import output_channel_variables
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "credit_gen1_data"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+@pytest.mark.parametrize("case", ["mse_train", "huber_train"])
+def test_the_mapped_loss_equals_credits_with_latitude_and_variable_weights(case):
+    fixture = torch.load(FIXTURE / "loss.pt")
+    section = dict(fixture["cases"][case]["loss_section"])
+    mapping = map_credit_file({"loss": section})
+    assert mapping.refused == []
+    cfg = compose_config([*mapping.overrides, "data.variables.diagnostic=[tp]"]).trainer.loss
+    data = fixture["data"]
+    channels = output_channel_variables(data["variables"], [500, 700, 850], data["surface_variables"],
+                                        data["diagnostic_variables"])
+    with xr.open_dataset(FIXTURE / "data" / "latw.nc") as latw:
+        lat = np.asarray(latw["latitude"].values)
+    lat_w = latitude_weights(lat) if cfg.latitude_weighting else torch.ones(len(lat))
+    loss = WeightedLoss(lat_w, channel_weights(channels, cfg.variable_weights, cfg.normalize_variable_weights),
+                        cfg.function, cfg.huber_delta)
+    ours = loss(fixture["y_pred"][:, :, 0], fixture["y"][:, :, 0])
+    torch.testing.assert_close(ours, fixture["cases"][case]["value"].to(ours.dtype), rtol=1e-6, atol=0)
+
+
+def test_every_table_row_names_a_credit_key_once():
+    keys = [rule.key for rule in TABLE]
+    assert len(keys) == len(set(keys))
+    assert all(rule.convert is not None or rule.note for rule in TABLE)
+
+
+@pytest.fixture(scope="module")
+def credit_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("credit_gen1") / "data"
+    result = _cli("data", "generate", "--layout", "credit-gen1", "--out", str(out), "--grid", "8x16",
+                  "--years", "2000", "2001", "--levels", "500", "850", "--days-per-year", "4", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_check_reports_every_key_and_runs_nothing(credit_dataset):
+    config = credit_dataset / "credit.yml"
+    result = _cli("check", "--credit-config", str(config), "trainer.max_steps=3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    conf = yaml.safe_load(config.read_text())
+    for section in ("data", "trainer", "loss"):
+        for key in conf[section]:
+            assert f"\n{section}.{key}" in out, key  # mapped, ignored or read with another key
+    assert "data.train_years -> data.train_period=[2000-01-01,2000-12-31]" in out  # end year exclusive
+    assert "data.forecast_len -> data.forecast_len=1" in out
+    assert "data.levels -> data.levels=[500.0,850.0]" in out
+    assert "max_steps: 3" in out  # the user's overrides win
+    assert not (conf["save_loc"] and Path(conf["save_loc"]).exists())
+
+
+def test_train_from_the_generated_credit_config(credit_dataset, tmp_path):
+    run = tmp_path / "run"
+    result = _cli("train", "--credit-config", str(credit_dataset / "credit.yml"), f"run_dir={run}",
+                  "trainer.max_steps=3", "trainer.steps_per_job=0", "trainer.progress_bar=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: " in result.stderr and "CREDIT keys ignored here: " in result.stderr
+    with open(run / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "train"]
+    assert rows and np.isfinite(float(rows[-1]["loss"]))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
+    assert cfg["model"]["name"] == "crossformer" and cfg["data"]["layout"] == "credit-gen1"
+    assert cfg["trainer"]["batch_size"] == conf["trainer"]["train_batch_size"]
+    assert cfg["trainer"]["optimizer"]["lr"] == conf["trainer"]["learning_rate"]
+    assert cfg["trainer"]["seed"] == conf["seed"]
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"trainer": {"amp": True}}, "trainer.amp: true"),
+    ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
+    ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4"),
+    ({"trainer": {"compile": True}}, "trainer.compile: true"),
+    ({"data": {"source": {"ERA5": {}}}}, "data.source: CREDIT's gen2 data schema"),
+])
+def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_path, change, refusal):
+    conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
+    for section, values in change.items():
+        conf[section] = values if "source" in values else {**conf[section], **values}
+    conf["save_loc"] = str(tmp_path / "run")
+    config = tmp_path / "credit.yml"
+    config.write_text(yaml.safe_dump(conf))
+    result = _cli("train", "--credit-config", str(config))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and refusal in errors[0], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_docs_table_names_every_row():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "credit_config.md").read_text()
+    for rule in TABLE:
+        assert f"| `{rule.key}` |" in page, rule.key

@@ -1,0 +1,128 @@
+"""CreditGen1Dataset against CREDIT's own gen1 dataset and trainer (tests/fixtures/credit_gen1_data,
+made once with CREDIT's code: its README says how): for the same times, the model input and
+the target equal CREDIT's, in five data configurations."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from credit.data.catalog import DataError
+from credit.data.credit_gen1 import CreditGen1Dataset
+from credit.models.inputs import credit_input
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "credit_gen1_data"
+VARIANTS = ("A", "B", "C", "D", "E")
+
+
+def _expected(variant: str) -> dict:
+    return torch.load(FIXTURE / f"expected_{variant}.pt")
+
+
+def _dataset(config: dict, split: str, root: Path = FIXTURE / "data", **extra) -> CreditGen1Dataset:
+    data = config["data"]
+    first, last = data["train_years"] if split == "train" else data["valid_years"]
+    files = dict(upper_air=data["save_loc"], surface=data.get("save_loc_surface"),
+                 dynamic_forcing=data.get("save_loc_dynamic_forcing"), diagnostic=data.get("save_loc_diagnostic"),
+                 forcing=data.get("save_loc_forcing"), static=data.get("save_loc_static"),
+                 mean=data["mean_path"], std=data["std_path"])
+    kwargs = dict(
+        files=files, upper_air=data["variables"], surface=data.get("surface_variables") or [],
+        dynamic_forcing=data.get("dynamic_forcing_variables") or [], forcing=data.get("forcing_variables") or [],
+        static=data.get("static_variables") or [], diagnostic=data.get("diagnostic_variables") or [],
+        levels=[500.0, 700.0, 850.0], period=(f"{first}-01-01", f"{last - 1}-12-31"),  # end exclusive
+        history_len=data["history_len"], forecast_len=data["forecast_len"] + 1,
+        skip_periods=data.get("skip_periods") or 1, static_first=data.get("static_first", True))
+    return CreditGen1Dataset(root, **{**kwargs, **extra})
+
+
+def _ns(iso: str) -> int:
+    return int(np.datetime64(iso, "ns").astype(np.int64))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_input_and_target_equal_credits(variant):
+    expected = _expected(variant)
+    checked = 0
+    for split in ("train", "valid"):
+        ds = _dataset(expected["config"], split)
+        by_first_input = {int(ds.sample_times(i)[0][0]): i for i in range(len(ds))}
+        for index, record in expected["samples"][split].items():
+            sample = ds[by_first_input[_ns(record["input_times"][0][0])]]
+            inputs, targets = ds.sample_times(int(sample["index"]))
+            assert inputs.tolist() == [_ns(t) for t in record["input_times"][0]], (split, index)
+            frames = inputs.shape[0]
+            for step, (x_block, y) in enumerate(zip(record["model_x_forcing_static_per_step"],
+                                                    record["model_y_per_step"])):
+                if step and targets[step] != _ns(record["target_times"][step][0]):
+                    continue  # CREDIT's clamp repeats a step or jumps to the next year's file here
+                assert targets[step] == _ns(record["target_times"][step][0]), (split, index, step)
+                torch.testing.assert_close(sample["target"][step][None, :, None], y, rtol=1e-6, atol=0)
+                block = sample["forcing"][step: step + frames]
+                if x_block is None:
+                    assert block.shape[1] == 0
+                else:
+                    torch.testing.assert_close(block.transpose(0, 1)[None], x_block, rtol=1e-6, atol=0)
+                checked += 1
+            x = credit_input(sample["state"][None], sample["forcing"][None, :frames], sample["static"][None])
+            torch.testing.assert_close(x, record["model_x"], rtol=1e-6, atol=0)
+            torch.testing.assert_close(sample["target"][0][None, :, None], record["model_y"], rtol=1e-6, atol=0)
+    assert checked >= 7
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_start_once_and_never_across_a_year_file(variant):
+    """CREDIT's index space holds one more index per file (a duplicate of its last start)."""
+    expected = _expected(variant)
+    for split, credit_len, files in (("train", expected["len_train"], expected["train_files"]),
+                                     ("valid", expected["len_valid"], expected["valid_files"])):
+        ds = _dataset(expected["config"], split)
+        assert len(ds) == credit_len - len(files)
+        for i in range(len(ds)):
+            inputs, targets = ds.sample_times(i)
+            years = {str(t.astype("datetime64[ns]"))[:4] for t in np.append(inputs, targets)}
+            assert len(years) == 1
+
+
+def test_channel_names_follow_credits_order():
+    for variant in ("A", "B", "E"):
+        expected = _expected(variant)
+        ds = _dataset(expected["config"], "train")
+        names = ds.state_channel_names + ds.forcing_channel_names
+        assert names == expected["channels_in"]
+        assert ds.target_channel_names == expected["channels_out"]
+
+
+def test_clamp_bounds_inputs_and_targets():
+    expected = _expected("A")
+    ds = _dataset(expected["config"], "train", clamp=(-0.5, 0.5))
+    sample = ds[3]
+    for key in ("state", "forcing", "target"):
+        assert sample[key].min() >= -0.5 and sample[key].max() <= 0.5
+        assert (sample[key].abs() == 0.5).any()
+
+
+def test_mismatches_name_the_file_and_the_key(tmp_path):
+    expected = _expected("A")
+    with pytest.raises(DataError, match=r"data.levels \[500.0, 850.0\] differ from the level coordinate"):
+        _dataset(expected["config"], "train", levels=[500.0, 850.0])
+    with pytest.raises(DataError, match="no file name holds a year in 1990-1991"):
+        _dataset(expected["config"], "train", period=("1990-01-01", "1991-12-31"))
+    with pytest.raises(DataError, match="has no variable 'W'"):
+        _dataset(expected["config"], "train", upper_air=["U", "W"])
+    with pytest.raises(DataError, match="skip_periods > 1 with forecast_len > 0"):
+        _dataset(expected["config"], "train", skip_periods=2, forecast_len=2)
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", root)
+    (root / "era5_2001.nc").rename(root / "era5_2001_copy.nc")
+    shutil.copy(root / "era5_2001_copy.nc", root / "surface_2001.nc")
+    (root / "era5_2001_copy.nc").rename(root / "era5_2001.nc")
+    with pytest.raises(DataError, match="hold different years"):
+        _dataset(expected["config"], "train", root=root,
+                 files=dict(upper_air="era5_*.nc", surface="era5_2000.nc", dynamic_forcing="era5_*.nc",
+                            diagnostic="era5_*.nc", forcing="forcing.nc", static="static.nc", mean="mean.nc",
+                            std="std.nc"))
