@@ -11,17 +11,19 @@ from pathlib import Path
 USAGE = """credit <command> [args]
 
 commands:
-  train [--nproc N] [KEY=VALUE ...]
+  train [--nproc N] [--credit-config CREDIT.yml] [KEY=VALUE ...]
                                  train with hydra overrides, e.g. trainer.max_steps=50 run_dir=/tmp/run;
-                                 --nproc N launches N local ranks (e.g. parallelism=fsdp2_tp2)
-  rollout [--nproc N] [KEY=VALUE ...]
+                                 --nproc N launches N local ranks (e.g. parallelism=fsdp2_tp2);
+                                 --credit-config: a CREDIT config file as CREDIT reads it (docs/credit_config.md)
+  rollout [--nproc N] [--credit-config CREDIT.yml] [KEY=VALUE ...]
                                  forecasts from a checkpoint of the run (same overrides as train, plus
                                  rollout.*), e.g. rollout.init_times=[2001-01-01T00] rollout.lead_steps=8
   check [KEY=VALUE ...]          compose and validate the config, print it, run nothing
   check --credit-config CREDIT.yml [KEY=VALUE ...]
-                                 read a CREDIT config's model: section as CREDIT reads it: the CREDIT
-                                 class, its parameter count (built on the meta device), the keys CREDIT
-                                 ignores or this project refuses, then the resolved config
+                                 read a CREDIT config as CREDIT reads it: the model's CREDIT class and
+                                 parameter count (built on the meta device), what every data, trainer,
+                                 loss and predict key became (or why it is ignored or refused), then
+                                 the resolved config
   plan [--gpus 1,2,4,8] [--gpu-memory 80] [--global-batch B] [--grid NLATxNLON]
        [--credit-config CREDIT.yml] [KEY=VALUE ...]
                                  per-rank memory and communication of every (dp, tp, sequence-parallel,
@@ -138,7 +140,11 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     if mapping.ignored and not report and os.environ.get("RANK", "0") == "0":
         print(f"warning: {path}: CREDIT keys ignored here: {', '.join(mapping.ignored)} (credit check "
               f"--credit-config {path} says why)", file=sys.stderr)
-    return [*model_overrides, *mapping.overrides, *args[:at], *args[at + 2:]], lines
+    rest = [*args[:at], *args[at + 2:]]
+    mapped = mapping.overrides
+    if any(arg.startswith("parallelism=") for arg in rest):  # the layout the user picks wins whole
+        mapped = [o for o in mapped if not o.startswith("trainer.parallelism.data=")]
+    return [*model_overrides, *mapped, *rest], lines
 
 
 def _compose_or_launch(args: Sequence[str], command_name: str):

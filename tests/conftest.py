@@ -44,6 +44,7 @@ HEAVY = {
     "manual/test_gpu_kit.py",
     "parallel/test_clip_and_layout.py",
     "parallel/test_collective_devices.py",
+    "parallel/test_credit_config_layouts.py",
     "parallel/test_credit_deterministic_tp.py",
     "parallel/test_credit_parity.py",
     "parallel/test_credit_resume.py",

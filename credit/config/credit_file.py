@@ -109,18 +109,21 @@ def _trainer_type(value: Any, conf: Mapping[str, Any]):
 def _steps(value: Any, conf: Mapping[str, Any]):
     trainer = conf.get("trainer", {})
     per_epoch = int(trainer.get("batches_per_epoch") or 0)
-    if per_epoch <= 0:
-        return ("trainer.batches_per_epoch: 0 (a full pass per epoch) is not mapped yet; give the batches per "
-                "epoch, or set trainer.max_steps here")
+    if per_epoch <= 0:  # a full pass per epoch: resolved from the training set at the run's global batch
+        pairs = [("trainer.epochs", int(trainer.get("epochs", 1)))]
+        if trainer.get("num_epoch"):
+            pairs.append(("trainer.epochs_per_job", min(int(trainer["num_epoch"]), int(trainer.get("epochs", 1)))))
+        return pairs
     pairs = [("trainer.max_steps", int(trainer.get("epochs", 1)) * per_epoch)]
     if trainer.get("num_epoch"):
-        pairs.append(("trainer.steps_per_job", int(trainer["num_epoch"]) * per_epoch))
+        pairs.append(("trainer.steps_per_job", min(int(trainer["num_epoch"]), int(trainer.get("epochs", 1)))
+                      * per_epoch))
     return pairs
 
 
 def _grad_max_norm(value: Any, conf: Mapping[str, Any]):
-    if value == "dynamic":
-        return "trainer.grad_max_norm: 'dynamic' is not implemented yet; give a number (CREDIT's examples use 1.0)"
+    if value == "dynamic":  # CREDIT: sqrt of the sum over ranks of each rank's norm
+        return [("trainer.grad_clip_dynamic", True)]
     if value is None or float(value) == 0:
         return "trainer.grad_max_norm: unset or 0 makes CREDIT's gen1 trainer fail at its first step; give a number"
     return [("trainer.grad_clip", float(value))]
@@ -137,20 +140,45 @@ def _mixed_precision(value: Any, conf: Mapping[str, Any]):
             "float32 reduction (param_dtype: bfloat16, reduce_dtype: float32)")
 
 
+def _scheduler_kind(conf: Mapping[str, Any]) -> str | None:
+    trainer = conf.get("trainer", {})
+    return dict(trainer.get("scheduler") or {}).get("scheduler_type") if trainer.get("use_scheduler") else None
+
+
+def _learning_rate(value: Any, conf: Mapping[str, Any]):
+    if _scheduler_kind(conf) == "cosine-annealing-restarts":
+        return []  # CREDIT's restarts scheduler sets the lr itself (its max_lr)
+    return [("trainer.optimizer.lr", float(value))]
+
+
 def _scheduler(value: Any, conf: Mapping[str, Any]):
     trainer = conf.get("trainer", {})
     if not value:  # a constant learning rate
         return [("trainer.scheduler.warmup_steps", 0), ("trainer.scheduler.min_lr_ratio", 1.0)]
     sched = dict(trainer.get("scheduler") or {})
     kind = sched.get("scheduler_type")
-    if kind != "linear-warmup-cosine":
-        return (f"trainer.scheduler.scheduler_type: {kind!r} is not mapped yet; linear-warmup-cosine and "
-                "use_scheduler: false are")
     lr = float(trainer.get("learning_rate", 1.0))
-    return [("trainer.scheduler.warmup_steps", int(sched.get("warmup_steps", 1000))),
-            ("trainer.scheduler.total_steps", int(sched.get("total_steps", 500_000))),
-            ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("min_lr", 1e-5)) / lr)),
-            ("trainer.scheduler.warmup_from_zero", True)]
+    if kind == "linear-warmup-cosine":
+        return [("trainer.scheduler.warmup_steps", int(sched.get("warmup_steps", 1000))),
+                ("trainer.scheduler.total_steps", int(sched.get("total_steps", 500_000))),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("min_lr", 1e-5)) / lr)),
+                ("trainer.scheduler.warmup_from_zero", True)]
+    if kind == "cosine-annealing-restarts":
+        peak = float(sched.get("max_lr", 0.1))
+        return [("trainer.scheduler.type", "cosine_restarts"), ("trainer.optimizer.lr", peak),
+                ("trainer.scheduler.first_cycle_steps", int(sched["first_cycle_steps"])),
+                ("trainer.scheduler.cycle_mult", float(sched.get("cycle_mult", 1.0))),
+                ("trainer.scheduler.gamma", float(sched.get("gamma", 1.0))),
+                ("trainer.scheduler.warmup_steps", int(sched.get("warmup_steps", 0))),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("min_lr", 0.001)) / peak))]
+    if kind == "cosine-annealing":
+        return [("trainer.scheduler.type", "epoch_cosine"), ("trainer.scheduler.t_max_epochs", int(sched["T_max"])),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("eta_min", 0.0)) / lr))]
+    if kind == "lambda":
+        return [("trainer.scheduler.type", "epoch_lambda")]
+    return (f"trainer.scheduler.scheduler_type: {kind!r} is not implemented (plateau steps on each epoch's "
+            "validation metric); linear-warmup-cosine, cosine-annealing-restarts, cosine-annealing, lambda and "
+            "use_scheduler: false are")
 
 
 def _training_loss(value: Any, conf: Mapping[str, Any]):
@@ -184,6 +212,39 @@ def _variable_weights(value: Any, conf: Mapping[str, Any]):
             ("trainer.loss.normalize_variable_weights", False)]
 
 
+def _predict(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's `predict.forecasts` (`credit/forecast.py`'s init times and lengths) and
+    `save_forecast` -> `rollout.init_times`, `rollout.lead_steps`, `rollout.output_dir`."""
+    value = dict(value or {})
+    step_h = int((conf.get("data") or {}).get("lead_time_periods", 1))
+    forecasts = value.get("forecasts")
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(forecasts, Mapping):
+        kind = forecasts.get("type")
+        if kind not in ("custom", "10day_year"):
+            return f"predict.forecasts.type: {kind!r}; CREDIT's types are custom and 10day_year"
+        days = 10 if kind == "10day_year" else int(forecasts.get("days", 10))
+        duration = 365 if kind == "10day_year" else int(forecasts.get("duration", 365))
+        interval = 1 if kind == "10day_year" else int(forecasts.get("ic_interval_days", 1))
+        start = np.datetime64(f"{int(forecasts['start_year']):04d}-{int(forecasts['start_month']):02d}-"
+                              f"{int(forecasts['start_day']):02d}", "h")
+        hours = forecasts.get("start_hours", [0])
+        hours = [hours] if isinstance(hours, int) else list(hours)
+        inits = [start + np.timedelta64(24 * interval * i + int(h), "h") for i in range(duration // interval)
+                 for h in hours]
+        pairs += [("rollout.init_times", [str(t) + ":00" for t in inits]), ("rollout.lead_steps", days * 24 // step_h)]
+    elif forecasts:  # CREDIT's explicit [start, end] pairs
+        spans = [(np.datetime64(str(a).replace(" ", "T"), "m"), np.datetime64(str(b).replace(" ", "T"), "m"))
+                 for a, b in forecasts]
+        steps = {int((b - a) / np.timedelta64(step_h, "h")) + 1 for a, b in spans}
+        if len(steps) != 1:
+            return f"predict.forecasts: the forecasts differ in length ({sorted(steps)} steps); give one length"
+        pairs += [("rollout.init_times", [str(a) for a, _ in spans]), ("rollout.lead_steps", steps.pop())]
+    if value.get("save_forecast"):
+        pairs.append(("rollout.output_dir", _expand(value["save_forecast"])))
+    return pairs
+
+
 def _ensemble(value: Any, conf: Mapping[str, Any]):
     return f"trainer.ensemble_size: {value}; ensembles are not trained here" if int(value or 1) > 1 else []
 
@@ -193,7 +254,7 @@ TABLE: tuple[Rule, ...] = (
     Rule("save_loc", _to("run_dir", fn=_expand)),
     Rule("seed", _to("trainer.seed", fn=int)),
     Rule("pbs", note="CREDIT's PBS job script"),
-    Rule("predict", note="read by credit rollout, not by training"),
+    Rule("predict", _predict),
     # data
     Rule("data.variables", _to("data.variables.upper_air", fn=list)),
     Rule("data.save_loc", _to("data.credit.files.upper_air", fn=_expand)),
@@ -235,7 +296,7 @@ TABLE: tuple[Rule, ...] = (
     # trainer
     Rule("trainer.mode", _mode),
     Rule("trainer.type", _trainer_type),
-    Rule("trainer.learning_rate", _to("trainer.optimizer.lr", fn=float)),
+    Rule("trainer.learning_rate", _learning_rate),
     Rule("trainer.weight_decay", _to("trainer.optimizer.weight_decay", fn=float)),
     Rule("trainer.train_batch_size", _to("trainer.batch_size", fn=int)),
     Rule("trainer.valid_batch_size", note="validation runs at trainer.batch_size"),

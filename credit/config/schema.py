@@ -295,8 +295,15 @@ class OptimizerConfig:
 class SchedulerConfig:
     warmup_steps: int = 30
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at total_steps
+    # warmup_cosine (this project's) | cosine_restarts | epoch_cosine | epoch_lambda (CREDIT's
+    # cosine-annealing-restarts, cosine-annealing and lambda: credit/train/schedule.py)
+    type: str = "warmup_cosine"
     total_steps: int = 0  # where the cosine ends; 0: trainer.max_steps
     warmup_from_zero: bool = False  # warm-up lr = lr x step / warmup_steps (CREDIT's), not (step + 1)
+    first_cycle_steps: int = 0  # cosine_restarts: the first cycle's steps
+    cycle_mult: float = 1.0  # cosine_restarts: each cycle's length after warm-up, times the last's
+    gamma: float = 1.0  # cosine_restarts: each cycle's peak lr, times the last's
+    t_max_epochs: int = 0  # epoch_cosine: epochs from lr to the floor (torch's T_max)
 
 
 @dataclass
@@ -350,6 +357,10 @@ class TrainerConfig:
     batch_size: int = 16  # per data-parallel rank
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # CREDIT's grad_max_norm: dynamic: clip to sqrt(dp ranks x the norm) (grad_clip unused)
+    grad_clip_dynamic: bool = False
+    epochs: int = 0  # > 0: max_steps = epochs x the batches of one pass over the training set
+    epochs_per_job: int = 0  # > 0: steps_per_job = epochs_per_job x those batches
     valid_every_n_steps: int = 50  # 0: validate only at the end
     progress_bar: bool = True  # tqdm on a terminal; a plain line every log_every_n_steps otherwise
     log_every_n_steps: int = 50

@@ -59,6 +59,7 @@ DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_sta
 SPECTRAL_NORM_TP = ("shard", "replicate")
 NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
 DATA_LAYOUTS = ("native", "credit-gen1")  # data.layout
+SCHEDULES = ("warmup_cosine", "cosine_restarts", "epoch_cosine", "epoch_lambda")  # trainer.scheduler.type
 
 
 def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
@@ -227,6 +228,9 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be >= 1")
     _check(trainer.grad_clip >= 0 and math.isfinite(trainer.grad_clip), "trainer.grad_clip",
            trainer.grad_clip, "must be >= 0 (0 disables clipping)")
+    _check(trainer.epochs >= 0, "trainer.epochs", trainer.epochs, "must be >= 0 (0: trainer.max_steps)")
+    _check(trainer.epochs_per_job >= 0, "trainer.epochs_per_job", trainer.epochs_per_job,
+           "must be >= 0 (0: trainer.steps_per_job)")
     _check(trainer.valid_every_n_steps >= 0, "trainer.valid_every_n_steps",
            trainer.valid_every_n_steps, "must be >= 0 (0: only at the end)")
     _check(trainer.device in DEVICES, "trainer.device", trainer.device, f"allowed: {list(DEVICES)}")
@@ -244,6 +248,14 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be >= 0")
     _check(sched.total_steps >= 0, "trainer.scheduler.total_steps", sched.total_steps,
            "must be >= 0 (0: trainer.max_steps)")
+    _check(sched.type in SCHEDULES, "trainer.scheduler.type", sched.type, f"one of {list(SCHEDULES)}")
+    if sched.type == "cosine_restarts":
+        _check(sched.first_cycle_steps > sched.warmup_steps, "trainer.scheduler.first_cycle_steps",
+               sched.first_cycle_steps, f"must exceed trainer.scheduler.warmup_steps={sched.warmup_steps}")
+        _check(sched.cycle_mult > 0 and sched.gamma > 0, "trainer.scheduler.cycle_mult/gamma",
+               [sched.cycle_mult, sched.gamma], "must be > 0")
+    if sched.type == "epoch_cosine":
+        _check(sched.t_max_epochs >= 1, "trainer.scheduler.t_max_epochs", sched.t_max_epochs, "must be >= 1")
     _check(0 <= sched.min_lr_ratio <= 1, "trainer.scheduler.min_lr_ratio", sched.min_lr_ratio,
            "must be in [0, 1]")
     ckpt = trainer.checkpoint

@@ -4,7 +4,7 @@ the adapter from `data.*` to datasets and the model's data layout."""
 from .buffers import recycled
 from .catalog import DataError
 from .dataset import ERA5Dataset, VariableSpec
-from .from_config import build_dataset, ensure_dataset, model_layout, variable_spec
+from .from_config import build_dataset, ensure_dataset, model_layout, role_files, variable_spec
 from .generate import generate_dataset
 from .latitude import latitude_weights
 from .sampler import DPShardedBatchSampler, collate_samples, evenly_spaced
@@ -22,5 +22,6 @@ __all__ = [
     "latitude_weights",
     "model_layout",
     "recycled",
+    "role_files",
     "variable_spec",
 ]

@@ -41,6 +41,14 @@ FILE_ROLES = ("upper_air", "surface", "dynamic_forcing", "diagnostic")  # yearly
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")
 
 
+def layout_role_files(root: str | Path, pattern: str | None, role: str) -> list[Path]:
+    """The files of one CREDIT glob (relative to `root` or absolute); DataError when none."""
+    found = _paths(Path(root), pattern) if pattern else []
+    if not found:
+        raise DataError(f"the CREDIT files of {role} ({pattern!r}) match no file")
+    return found
+
+
 def _paths(root: Path, pattern: str) -> list[Path]:
     full = pattern if Path(pattern).is_absolute() else str(root / pattern)
     return sorted(Path(p) for p in glob.glob(full))
@@ -299,6 +307,31 @@ class CreditGen1Dataset(torch.utils.data.Dataset):
         return self._static_values
 
     # ------------------------------------------------------------------ layout
+    normalize = True  # CREDIT's std_new: values are z-scored with the mean/std files
+
+    @property
+    def times(self) -> np.ndarray:
+        """First input time of every sample, datetime64[ns]."""
+        return np.array([self._file_times[f][s] for f, s in self._starts], dtype=np.int64).astype("datetime64[ns]")
+
+    @property
+    def levels(self) -> list[float]:
+        return [] if self.level_values is None else self.level_values.tolist()
+
+    @property
+    def variable_of_channel(self) -> dict[str, str]:
+        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
+        out = {f"{v}_{lv:g}": v for v in self.names["upper_air"] for lv in self.levels}
+        out.update({v: v for role in ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
+                    for v in self.names[role]})
+        return out
+
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
     @property
     def grid_shape(self) -> tuple[int, int]:
         return (len(self._lat), len(self._lon))

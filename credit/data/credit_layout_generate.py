@@ -21,7 +21,6 @@ CLI: ``credit data generate --layout credit-gen1 ...`` calls :func:`generate_cre
 from __future__ import annotations
 
 import glob
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -30,8 +29,8 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from .generate import (FORCING, STATIC, SURFACE, UPPER_AIR, GenerateError, _checked_arguments, _write,
-                       generate_dataset)
+from .generate import (FORCING, STATIC, SURFACE, UPPER_AIR, GenerateError, _checked_arguments,
+                       _prepare_output_dir, _write, generate_dataset)
 
 DATA_PREFIX = "ERA5_gen1_6h_"
 """Yearly file names are ``{DATA_PREFIX}{YYYY}.nc``."""
@@ -89,7 +88,7 @@ def generate_credit_gen1(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
     out = Path(out).expanduser().resolve()
     data_files = {y: out / f"{DATA_PREFIX}{y:04d}.nc" for y in years}
     _check_credit_year_filter(data_files, train_years, valid_years)
-    _prepare(out, overwrite)
+    _prepare_output_dir(out, overwrite, written=_WRITTEN + (f"{_TMP_PREFIX}*",))
 
     with tempfile.TemporaryDirectory(prefix=_TMP_PREFIX, dir=out) as tmp:
         ours = generate_dataset(Path(tmp) / "dataset", grid=grid, years=years, levels=levels,
@@ -186,21 +185,6 @@ def _check_credit_year_filter(data_files: dict[int, Path], train_years: list[int
         if picked != wanted:
             raise GenerateError(f"CREDIT's year filter (a year-string test on the whole path) would pick {picked} "
                                 f"for the {name} years {chosen}; choose an output path without year strings")
-
-
-def _prepare(out: Path, overwrite: bool) -> None:
-    """Create ``out``; refuse a non-empty one without ``overwrite``, else remove only what this module writes."""
-    if out.exists():
-        if not out.is_dir():
-            raise GenerateError(f"output path {out} exists and is not a directory")
-        if any(out.iterdir()):
-            if not overwrite:
-                raise GenerateError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) "
-                                    "to replace a dataset there")
-            for pattern in _WRITTEN + (f"{_TMP_PREFIX}*",):
-                for f in out.glob(pattern):
-                    shutil.rmtree(f) if f.is_dir() else f.unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _static(static: xr.Dataset, mean: xr.Dataset, std: xr.Dataset) -> xr.Dataset:

@@ -50,16 +50,37 @@ def ensure_dataset(data: DictConfig, is_main: bool) -> Path:
     return root
 
 
+CREDIT_FILE_ROLE = {"forcing": "dynamic_forcing"}  # data.variables.forcing: CREDIT's dynamic forcing
+
+
+def role_files(data: DictConfig, role: str) -> list[Path]:
+    """The files of a variable role of `data` (`data.files` or, for CREDIT's layout,
+    `data.credit.files`), sorted; DataError when there are none."""
+    if data.layout == "credit-gen1":
+        from credit.data.credit_gen1 import layout_role_files
+
+        key = CREDIT_FILE_ROLE.get(role, role)
+        return layout_role_files(data.root, data.credit.files[key], key)
+    from credit.data.catalog import resolve_glob
+
+    return resolve_glob(Path(data.root), role, data.files[role])
+
+
+def credit_gen1_dataset(data: DictConfig, period: tuple[str, str], forecast_len: int) -> CreditGen1Dataset:
+    """`data.layout=credit-gen1`: CREDIT's files over `period` with `forecast_len` target steps."""
+    v, credit = data.variables, data.credit
+    return CreditGen1Dataset(
+        data.root, files=dict(credit.files), upper_air=list(v.upper_air), surface=list(v.surface),
+        dynamic_forcing=list(v.forcing), forcing=list(credit.forcing_file_variables), static=list(v.static),
+        diagnostic=list(v.diagnostic), levels=list(data.levels), period=period, history_len=data.history_len,
+        forecast_len=forecast_len, skip_periods=credit.skip_periods, static_first=credit.static_first,
+        clamp=None if credit.clamp is None else list(credit.clamp),
+    )
+
+
 def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1Dataset:
     if data.layout == "credit-gen1":
-        v, credit = data.variables, data.credit
-        return CreditGen1Dataset(
-            data.root, files=dict(credit.files), upper_air=list(v.upper_air), surface=list(v.surface),
-            dynamic_forcing=list(v.forcing), forcing=list(credit.forcing_file_variables), static=list(v.static),
-            diagnostic=list(v.diagnostic), levels=list(data.levels), period=tuple(data[period_key]),
-            history_len=data.history_len, forecast_len=data.forecast_len, skip_periods=credit.skip_periods,
-            static_first=credit.static_first, clamp=None if credit.clamp is None else list(credit.clamp),
-        )
+        return credit_gen1_dataset(data, tuple(data[period_key]), data.forecast_len)
     return ERA5Dataset(
         data.root,
         files=dict(data.files),

@@ -197,8 +197,15 @@ def _checked_arguments(grid, years, levels, train_years, days_per_year):
     return grid, years, levels, train_years
 
 
-def _prepare_output_dir(out: Path, overwrite: bool) -> None:
-    """Create ``out``; with ``overwrite``, remove only files this generator writes, never anything else."""
+def _written_files() -> list[str]:
+    """Globs of what `generate_dataset` writes (finished files and their temporary copies)."""
+    return [f"{stem}{ext}" if stem != "*" else f"*{ext}.tmp" for stem in ["static", "mean", "std", "era5_*",
+                                                                         "forcing_*", "*"] for ext in FORMATS.values()]
+
+
+def _prepare_output_dir(out: Path, overwrite: bool, written: Sequence[str] | None = None) -> None:
+    """Create ``out``; with ``overwrite``, remove only what matches `written` (default: the
+    files this generator writes), never anything else."""
     if out.exists():
         if not out.is_dir():
             raise GenerateError(f"output path {out} exists and is not a directory")
@@ -206,10 +213,9 @@ def _prepare_output_dir(out: Path, overwrite: bool) -> None:
             if not overwrite:
                 raise GenerateError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) "
                                     "to replace a dataset there")
-            for stem in ["static", "mean", "std", "era5_*", "forcing_*", "*"]:
-                for ext in FORMATS.values():
-                    for f in out.glob(f"{stem}{ext}" if stem != "*" else f"*{ext}.tmp"):
-                        shutil.rmtree(f) if f.is_dir() else f.unlink()
+            for pattern in _written_files() if written is None else written:
+                for f in out.glob(pattern):
+                    shutil.rmtree(f) if f.is_dir() else f.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 

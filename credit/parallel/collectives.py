@@ -63,11 +63,13 @@ def clip_grad_norm_(
     max_norm: float,
     norm_type: float = 2.0,
     error_if_nonfinite: bool = False,
+    dynamic_scale: float | None = None,
 ) -> torch.Tensor:
     """Scale gradients so their global norm is at most `max_norm`; return the norm before.
 
     Bit-identical to `torch.nn.utils.clip_grad_norm_` for plain tensors; also works when
-    parameters live on different device meshes, where torch's version raises.
+    parameters live on different device meshes, where torch's version raises. With
+    `dynamic_scale` s the limit is sqrt(s x the norm) instead (CREDIT's `grad_max_norm: dynamic`).
     """
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
@@ -78,6 +80,8 @@ def clip_grad_norm_(
     # torch's clip_grads_with_norm_ factor, applied to each gradient's local values: the same
     # bits as DTensor's elementwise multiply by a replicated scalar, without the sharding
     # propagation of a foreach op over mixed meshes and placements (seconds per new layout)
+    if dynamic_scale is not None:
+        max_norm = torch.sqrt(dynamic_scale * total)
     factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
     for device, grads in _group_by_device(local).items():

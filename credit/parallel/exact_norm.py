@@ -92,12 +92,15 @@ def exact_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_grad_norm_exact_(parameters: Iterable[torch.Tensor], max_norm: float) -> float:
-    """Scale gradients so their `exact_grad_norm` is at most `max_norm`; return the norm
-    before. The factor is one float computed identically everywhere, each gradient element
-    multiplied by it once."""
+def clip_grad_norm_exact_(parameters: Iterable[torch.Tensor], max_norm: float,
+                          dynamic_scale: float | None = None) -> float:
+    """Scale gradients so their `exact_grad_norm` is at most `max_norm` (with `dynamic_scale`
+    s: sqrt(s x the norm)); return the norm before. The factor is one float computed
+    identically everywhere, each gradient element multiplied by it once."""
     params = [p for p in parameters if p.grad is not None]
     norm = float(exact_grad_norm([p.grad for p in params]))
+    if dynamic_scale is not None:
+        max_norm = math.sqrt(dynamic_scale * norm)
     factor = max_norm / (norm + 1e-6)
     if factor < 1.0:
         for p in params:

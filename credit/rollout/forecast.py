@@ -17,7 +17,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from credit.data import ERA5Dataset, variable_spec
+from credit.data.from_config import credit_gen1_dataset
 from credit.models.inputs import predict
+from credit.rollout.errors import RolloutError
 
 
 def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: int) -> ERA5Dataset:
@@ -25,6 +27,11 @@ def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: i
     first = min(inits) - (data.history_len - 1) * step
     last = max(inits) + lead_steps * step
     iso = [str(np.datetime64(int(t), "ns").astype("datetime64[s]")) for t in (first, last)]
+    if data.layout == "credit-gen1":
+        if data.credit.skip_periods != 1:
+            raise RolloutError(f"data.credit.skip_periods={data.credit.skip_periods}: forecasts step one file "
+                               "step at a time from consecutive input frames (skip_periods 1)")
+        return credit_gen1_dataset(data, (iso[0], iso[1]), forecast_len=1)
     return ERA5Dataset(
         data.root,
         files=dict(data.files),
@@ -52,6 +59,10 @@ class Forecaster:
         self._std = std[:, None, None] if dataset.normalize else np.ones((len(std), 1, 1))
 
     def _sample(self, first_input_time: int) -> dict[str, torch.Tensor]:
+        if first_input_time not in self._index:  # CREDIT's layout: a sample stays in its yearly file
+            when = np.datetime64(int(first_input_time), "ns").astype("datetime64[m]")
+            raise RolloutError(f"no sample of the data starts at {when}: with CREDIT's yearly files a "
+                               "forecast's inputs and truth lie in one year's file; end it before the year ends")
         return self.dataset[self._index[first_input_time]]
 
     def physical(self, normalized: torch.Tensor) -> np.ndarray:

@@ -18,7 +18,8 @@ import numpy as np
 import xarray as xr
 from omegaconf import DictConfig
 
-from credit.data.catalog import HOUR_NS, LAT_NAMES, LON_NAMES, resolve_glob
+from credit.data import role_files
+from credit.data.catalog import HOUR_NS, LAT_NAMES, LON_NAMES
 
 _TIME_UNITS = "hours since 1900-01-01 00:00:00"
 _OUTPUT_ROLES = ("upper_air", "surface", "diagnostic")
@@ -38,7 +39,7 @@ def input_attributes(data: DictConfig) -> InputAttributes:
     found = InputAttributes()
     for role in _OUTPUT_ROLES:
         wanted = [v for v in data.variables[role] if v not in found.variables]
-        for path in resolve_glob(Path(data.root), role, data.files[role]) if wanted else []:
+        for path in role_files(data, role) if wanted else []:
             with xr.open_dataset(path, engine="netcdf4") as ds:
                 for name in [v for v in wanted if v in ds.data_vars and v not in found.variables]:
                     found.variables[name] = dict(ds[name].attrs)

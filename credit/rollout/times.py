@@ -7,12 +7,11 @@ predicted time, and the truth the skill is scored against).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from omegaconf import DictConfig
 
-from credit.data.catalog import HOUR_NS, resolve_glob, scan_file
+from credit.data import role_files
+from credit.data.catalog import HOUR_NS, scan_file
 from credit.rollout.errors import RolloutError
 
 _TIME_ROLES = ("upper_air", "surface", "forcing", "diagnostic")
@@ -40,13 +39,12 @@ def init_times(rollout: DictConfig) -> list[int]:
 
 def data_times(data: DictConfig) -> np.ndarray:
     """Times (ns, sorted) at which every time-dependent variable of `data` is on disk."""
-    root = Path(data.root)
     common: np.ndarray | None = None
     for role in _TIME_ROLES:
         names = list(data.variables[role])
         if not names:
             continue
-        infos = [scan_file(p, data.level_dim) for p in resolve_glob(root, role, data.files[role])]
+        infos = [scan_file(p, data.level_dim) for p in role_files(data, role)]
         for name in names:
             held = [i.times for i in infos if name in i.dims and i.times is not None]
             times = np.unique(np.concatenate(held)) if held else np.zeros(0, np.int64)

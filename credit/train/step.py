@@ -37,18 +37,19 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
 
 
 def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh | None, *,
-                      deterministic: bool, data: str, grad_clip: float) -> torch.Tensor | float:
+                      deterministic: bool, data: str, grad_clip: float,
+                      dynamic_scale: float | None = None) -> torch.Tensor | float:
     """After backward: synchronise gradients (the rank-order tree over dp for deterministic
-    ddp; the tp replicas), clip them (`grad_clip` <= 0: no clipping) and step the optimizer.
-    Returns the global gradient norm before clipping."""
+    ddp; the tp replicas), clip them (`grad_clip` <= 0: no clipping; `dynamic_scale` s: to
+    sqrt(s x the norm)) and step the optimizer. Returns the global gradient norm before clipping."""
     if mesh is not None:
         if deterministic and data == "ddp":
             tree_all_reduce_gradients(list(model.parameters()), mesh["dp"].get_group())
         sync_replicated_gradients(model, mesh["tp"])
     max_norm = grad_clip if grad_clip > 0 else math.inf
     if deterministic:
-        grad_norm = clip_grad_norm_exact_(model.parameters(), max_norm)
+        grad_norm = clip_grad_norm_exact_(model.parameters(), max_norm, dynamic_scale)
     else:
-        grad_norm = clip_grad_norm_(model.parameters(), max_norm)
+        grad_norm = clip_grad_norm_(model.parameters(), max_norm, dynamic_scale=dynamic_scale)
     optimizer.step()
     return grad_norm

@@ -43,7 +43,7 @@ from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
 from credit.train.memory import PeakMemory, mib
 from credit.train.progress import TrainingProgress
-from credit.train.schedule import warmup_cosine
+from credit.train.schedule import lambda_schedule, schedule_function
 from credit.train.sdc_response import SDCResponse
 from credit.train.step import backward_micro_batch, update_parameters
 from credit.train.validation import evaluate, output_channel_variables
@@ -133,12 +133,18 @@ class Trainer:
 
     def _build_optimization(self) -> None:
         trainer, rt = self.cfg.trainer, self.runtime
+        self.sampler = DPShardedBatchSampler(
+            len(self.train_set),
+            trainer.batch_size,
+            dp_rank=rt.dp_rank,
+            dp_size=rt.dp_size,
+            seed=trainer.seed,
+        )
+        self._resolve_epochs()
         self.optimizer = build_optimizer(self.model, trainer.optimizer, self.deterministic)
         sched = trainer.scheduler
-        self.scheduler = warmup_cosine(
-            self.optimizer, sched.warmup_steps, sched.total_steps or trainer.max_steps, sched.min_lr_ratio,
-            from_zero=sched.warmup_from_zero,
-        )
+        self.scheduler = lambda_schedule(
+            self.optimizer, schedule_function(sched, trainer.max_steps, self.sampler.batches_per_epoch))
         lat_w = latitude_weights(self.train_set.latitude)
         if not trainer.loss.latitude_weighting:
             lat_w = torch.ones_like(lat_w)
@@ -148,14 +154,20 @@ class Trainer:
                                    trainer.loss.normalize_variable_weights),
             trainer.loss.function, trainer.loss.huber_delta,
         ).to(rt.device)
-        self.sampler = DPShardedBatchSampler(
-            len(self.train_set),
-            trainer.batch_size,
-            dp_rank=rt.dp_rank,
-            dp_size=rt.dp_size,
-            seed=trainer.seed,
-        )
         self.progress = Progress(global_batch_size=self.sampler.global_batch_size)
+
+    def _resolve_epochs(self) -> None:
+        """`trainer.epochs` / `epochs_per_job` (CREDIT's full passes) as `max_steps` /
+        `steps_per_job`, from the batches of one pass at this run's global batch."""
+        trainer = self.cfg.trainer
+        per_epoch = self.sampler.batches_per_epoch
+        if trainer.epochs:
+            trainer.max_steps = trainer.epochs * per_epoch
+        if trainer.epochs_per_job:
+            trainer.steps_per_job = trainer.epochs_per_job * per_epoch
+        if (trainer.epochs or trainer.epochs_per_job) and self.runtime.is_main:
+            log.info("trainer.epochs=%d, epochs_per_job=%d at %d batches per epoch: max_steps=%d, steps_per_job=%d",
+                     trainer.epochs, trainer.epochs_per_job, per_epoch, trainer.max_steps, trainer.steps_per_job)
 
     def _build_loaders(self) -> None:
         data = self.cfg.data
@@ -225,14 +237,13 @@ class Trainer:
                 if (tuple(stored) if key == "betas" else stored) != value:
                     changes[f"trainer.optimizer.{key}"] = (stored, value)
                 group["initial_lr" if key == "lr" else key] = value
-        saved = self.scheduler.lr_lambdas[0]  # the schedule's parameters as saved
-        for key, now, before in (("trainer.scheduler.warmup_steps", sched.warmup_steps, saved.warmup_steps),
-                                 ("trainer.max_steps", sched.total_steps or trainer.max_steps, saved.max_steps),
-                                 ("trainer.scheduler.min_lr_ratio", sched.min_lr_ratio, saved.min_lr_ratio)):
+        saved = vars(self.scheduler.lr_lambdas[0])  # the schedule's parameters as saved
+        schedule = schedule_function(sched, trainer.max_steps, self.sampler.batches_per_epoch)
+        for name, now in vars(schedule).items():
+            before = saved.get(name)
             if now != before:
-                changes[key] = (before, now)
-        self.scheduler = warmup_cosine(self.optimizer, sched.warmup_steps, sched.total_steps or trainer.max_steps,
-                                       sched.min_lr_ratio, step=self.step, from_zero=sched.warmup_from_zero)
+                changes["trainer.max_steps" if name == "max_steps" else f"trainer.scheduler.{name}"] = (before, now)
+        self.scheduler = lambda_schedule(self.optimizer, schedule, step=self.step)
         if self.runtime.is_main:
             for key, (before, now) in changes.items():
                 log.info("resume: %s %s -> %s (the config wins; checkpoint value replaced)", key, before, now)
@@ -271,7 +282,8 @@ class Trainer:
             return self._non_finite(loss_value, started)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = float(update_parameters(self.model, self.optimizer, rt.mesh, deterministic=self.deterministic,
-                                            data=trainer.parallelism.data, grad_clip=trainer.grad_clip))
+                                            data=trainer.parallelism.data, grad_clip=trainer.grad_clip,
+                                            dynamic_scale=float(rt.dp_size) if trainer.grad_clip_dynamic else None))
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model)

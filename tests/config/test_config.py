@@ -180,4 +180,4 @@ def test_help_after_a_command_prints_usage(command, capsys):
 
     assert main([command, "--help"]) == 0
     out = capsys.readouterr()
-    assert "train [--nproc N] [KEY=VALUE ...]" in out.out and not out.err
+    assert "train [--nproc N] [--credit-config CREDIT.yml] [KEY=VALUE ...]" in out.out and not out.err

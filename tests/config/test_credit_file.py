@@ -6,6 +6,7 @@ config `credit data generate --layout credit-gen1` wrote, and what is not honour
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from credit.config import compose_config
 from credit.config.credit_file import TABLE, map_credit_file
 from credit.data.latitude import latitude_weights
 from credit.train.losses import WeightedLoss, channel_weights
+from credit.train.schedule import schedule_function
 from credit.train.validation import output_channel_variables
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "credit_gen1_data"
@@ -98,6 +100,39 @@ def test_train_from_the_generated_credit_config(credit_dataset, tmp_path):
     assert cfg["trainer"]["optimizer"]["lr"] == conf["trainer"]["learning_rate"]
     assert cfg["trainer"]["seed"] == conf["seed"]
 
+    # CREDIT's predict: section: init times, forecast length and output folder
+    out = tmp_path / "forecasts"
+    forecast = _cli("rollout", "--credit-config", str(credit_dataset / "credit.yml"), f"run_dir={run}",
+                    f"rollout.output_dir={out}", "rollout.progress_bar=false")
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    start = conf["predict"]["forecasts"]
+    init = f"{start['start_year']}-{start['start_month']:02d}-{start['start_day']:02d}T00"
+    with xr.open_dataset(out / f"forecast_{init}.nc") as ds:
+        assert ds.sizes["lead_time"] == start["days"] * 24 // conf["data"]["lead_time_periods"]
+        assert {"U", "V", "T", "Q", "SP", "t2m"} <= set(ds.data_vars)
+        assert np.isfinite(ds["T"].values).all()
+
+
+def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path):
+    """batches_per_epoch: 0 (a full pass), grad_max_norm: dynamic and CREDIT's restarts
+    schedule, as CREDIT's example config sets them."""
+    conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
+    conf["save_loc"] = str(tmp_path / "run")
+    conf["trainer"].update(batches_per_epoch=0, epochs=1, num_epoch=1, grad_max_norm="dynamic", use_scheduler=True,
+                           scheduler={"scheduler_type": "cosine-annealing-restarts", "first_cycle_steps": 4,
+                                      "cycle_mult": 1.0, "max_lr": 1e-3, "min_lr": 1e-5, "warmup_steps": 1})
+    config = tmp_path / "credit.yml"
+    config.write_text(yaml.safe_dump(conf))
+    result = _cli("train", "--credit-config", str(config), "trainer.progress_bar=false", "trainer.log_every_n_steps=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["trainer"]
+    samples = 4 * 4 - 1  # four days of 6-hourly times, one step of history
+    assert cfg["max_steps"] == samples // conf["trainer"]["train_batch_size"] and cfg["grad_clip_dynamic"]
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "train"]
+    assert len(rows) == cfg["max_steps"]
+    assert float(rows[0]["lr"]) == pytest.approx(1e-5) and float(rows[1]["lr"]) == pytest.approx(1e-3)
+
 
 @pytest.mark.parametrize("change, refusal", [
     ({"trainer": {"amp": True}}, "trainer.amp: true"),
@@ -124,3 +159,35 @@ def test_the_docs_table_names_every_row():
     page = (Path(__file__).resolve().parents[2] / "docs" / "credit_config.md").read_text()
     for rule in TABLE:
         assert f"| `{rule.key}` |" in page, rule.key
+
+
+SCHEDULERS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "credit_schedulers"
+                         / "lr_sequences.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", sorted(SCHEDULERS))
+def test_the_mapped_schedule_gives_credits_learning_rates(case):
+    """CREDIT's scheduler objects, stepped as its gen1 trainer steps them (fixture), against
+    the schedule a CREDIT trainer section maps to, at every optimizer step."""
+    entry = SCHEDULERS[case]
+    mapping = map_credit_file(entry["conf"])
+    assert mapping.refused == []
+    cfg = compose_config([*mapping.overrides, "trainer.max_steps=1000"]).trainer
+    multiplier = schedule_function(cfg.scheduler, cfg.max_steps, entry["batches_per_epoch"] or 1)
+    ours = [cfg.optimizer.lr * multiplier(step) for step in range(entry["n_steps"])]
+    np.testing.assert_allclose(ours, entry["lrs"], rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("forecasts, inits, leads", [
+    ({"type": "custom", "start_year": 2018, "start_month": 6, "start_day": 1, "start_hours": [0, 12],
+      "duration": 2, "days": 3}, ["2018-06-01T00:00", "2018-06-01T12:00", "2018-06-02T00:00", "2018-06-02T12:00"], 12),
+    ({"type": "custom", "start_year": 2020, "start_month": 2, "start_day": 28, "duration": 4, "ic_interval_days": 2,
+      "days": 1}, ["2020-02-28T00:00", "2020-03-01T00:00"], 4),
+    ([["2019-01-01 00:00:00", "2019-01-02 18:00:00"], ["2019-03-01 06:00:00", "2019-03-03 00:00:00"]],
+     ["2019-01-01T00:00", "2019-03-01T06:00"], 8),
+])
+def test_predict_forecasts_become_rollout_init_times_and_leads(forecasts, inits, leads):
+    mapping = map_credit_file({"data": {"lead_time_periods": 6}, "predict": {"forecasts": forecasts}})
+    rollout = dict(pair.split("=", 1) for pair in mapping.overrides if pair.startswith("rollout."))
+    assert rollout["rollout.init_times"] == "[" + ",".join(f"'{t}'" for t in inits) + "]"
+    assert int(rollout["rollout.lead_steps"]) == leads
