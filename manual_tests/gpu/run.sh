@@ -235,15 +235,17 @@ TRAIN_COMMON=("${EXPERIMENT[@]}" trainer.device=$DEVICE trainer.max_steps=$TRAIN
               trainer.progress_bar=false trainer.resume=never)
 
 # ------------------------------------------------------------------ the steps
-step "kernel tests" 200 "$PYTHON" -m pytest "${KERNEL_TESTS[@]}"
+# the CPU dry run shares two cores with the rest of the suite: more time than a GPU needs
+TRAIN_LIMIT=$( ((DRY_RUN)) && echo 480 || echo 150)
+step "kernel tests" $( ((DRY_RUN)) && echo 480 || echo 200) "$PYTHON" -m pytest "${KERNEL_TESTS[@]}"
 # pytest's closing line, from the kernel tests' own part of the log
 KERNEL_RESULT=$(sed -n '/^=== kernel tests (/,/^=== kernel tests:/p' "$LOG" \
     | grep -E "[0-9]+ (passed|failed|skipped|errors?)|tests? collected" | tail -n 1)
 
-step "train fast" 150 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=fast run_dir="$WORK/fast"
-step "train deterministic (1)" 150 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
+step "train fast" "$TRAIN_LIMIT" "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=fast run_dir="$WORK/fast"
+step "train deterministic (1)" "$TRAIN_LIMIT" "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
     run_dir="$WORK/det1"
-step "train deterministic (2)" 150 "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
+step "train deterministic (2)" "$TRAIN_LIMIT" "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
     run_dir="$WORK/det2"
 step "deterministic runs hold the same bits" 120 "$PYTHON" manual_tests/determinism/compare_runs.py \
     "$WORK/det1" "$WORK/det2"
