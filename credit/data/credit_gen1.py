@@ -145,7 +145,7 @@ class CreditGen1Dataset(torch.utils.data.Dataset):
         return self._stores[path]
 
     def _scan(self, levels: Sequence[float]) -> None:
-        lengths, self._file_times = [], []
+        self._file_times = []
         for i, path in enumerate(self.files[next(iter(self.files))]):
             times = None
             for role, paths in self.files.items():
@@ -158,9 +158,7 @@ class CreditGen1Dataset(torch.utils.data.Dataset):
                     times = t
                 elif not np.array_equal(t, times):
                     raise DataError(f"{paths[i]} and {path} hold different times; CREDIT pairs them step by step")
-            lengths.append(len(times))
             self._file_times.append(times)
-        self._file_times_len = lengths
         ds = self._store(self.files[next(iter(self.files))][0])
         self.lat_name = next((n for n in LAT_NAMES if n in ds.coords or n in ds.dims), None)
         self.lon_name = next((n for n in LON_NAMES if n in ds.coords or n in ds.dims), None)
