@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from credit.checkpoint.credit_training import load_credit_training_state
 from credit.checkpoint.weights import load_model_weights
 from credit.checkpoint.manager import CheckpointManager, checkpoint_problem, load_checkpoint
 from credit.checkpoint.strict import check_stored_weights, check_weights, stored_shapes
@@ -105,6 +106,25 @@ def resume_training(path: Path, run: ResumedRun) -> Progress:
             progress.batch_in_epoch * run.global_batch_size,
         )
     log.info("resumed from %s at step %d", path, progress.step)
+    return progress
+
+
+def start_from_credit(path: str, with_optimizer: bool, reload_epoch: bool, run: ResumedRun) -> Progress:
+    """`trainer.credit_start`: CREDIT's checkpoint.pt into the run's objects (any layout);
+    returns where to continue (step 0 unless `reload_epoch`; the caller positions the
+    schedule there)."""
+    start = load_credit_training_state(path, run.model, run.optimizer, with_optimizer)
+    if run.ema is not None:
+        run.ema.reset_to(run.model)
+    what = "weights and AdamW state" if with_optimizer else "weights (fresh optimizer)"
+    if not reload_epoch:
+        log.info("started from CREDIT's checkpoint %s: its %s; step 0 (trainer.credit_start.reload_epoch=false)",
+                 path, what)
+        return Progress(global_batch_size=run.global_batch_size)
+    step = start.steps
+    progress = Progress(step, step // run.batches_per_epoch, step % run.batches_per_epoch, run.global_batch_size)
+    log.info("continuing CREDIT's run from %s (its epoch %d done, %d optimizer steps): its %s; step %d",
+             path, start.epoch, step, what, step)
     return progress
 
 

@@ -348,6 +348,17 @@ class LossConfig:
 
 
 @dataclass
+class CreditStartConfig:
+    """Start from a checkpoint CREDIT's trainer wrote (CREDIT's `trainer.load_weights`), when
+    run_dir holds no checkpoint of this project (a later job resumes from its own)."""
+
+    checkpoint: str = ""  # CREDIT's checkpoint.pt; "": start fresh
+    optimizer: bool = False  # its AdamW moments and step counts (CREDIT's load_optimizer)
+    # continue at its epoch + 1, the schedule at its step (CREDIT's reload_epoch)
+    reload_epoch: bool = False
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 200
     steps_per_job: int = 0  # stop this job after N steps (checkpointed); 0: run to max_steps
@@ -370,6 +381,7 @@ class TrainerConfig:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
+    credit_start: CreditStartConfig = field(default_factory=CreditStartConfig)
 
 
 @dataclass

@@ -237,6 +237,16 @@ def validate_trainer(trainer: DictConfig) -> None:
     resume = trainer.resume
     _check(resume in RESUME_MODES or os.path.exists(resume), "trainer.resume", resume,
            "use 'auto', 'never' or the path of an existing checkpoint")
+    start = trainer.credit_start
+    if start.checkpoint:
+        _check(os.path.isfile(start.checkpoint), "trainer.credit_start.checkpoint", start.checkpoint,
+               "no such file (CREDIT's trainer writes save_loc/checkpoint.pt)")
+        _check(resume in RESUME_MODES, "trainer.credit_start.checkpoint", start.checkpoint,
+               f"applies when run_dir holds no checkpoint of this project; trainer.resume={resume} names one: "
+               "give one of the two")
+    for flag in ("optimizer", "reload_epoch"):
+        _check(start.checkpoint or not start[flag], f"trainer.credit_start.{flag}", start[flag],
+               "needs trainer.credit_start.checkpoint (CREDIT's checkpoint.pt)")
     opt = trainer.optimizer
     _check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
     _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",

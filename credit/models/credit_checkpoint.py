@@ -58,8 +58,9 @@ def read_credit_model_section(source: str | Path | Mapping[str, Any]) -> dict[st
     return dict(section)
 
 
-def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The model weights of a CREDIT checkpoint file, wrapper prefixes removed."""
+def read_credit_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A CREDIT checkpoint file: its container (`{}` for a bare state dict) and every model
+    entry in the saved order, wrapper prefixes removed (`cube_embedding.*` kept)."""
     try:
         # weights_only: tensors, numbers, strings and containers (CREDIT's container holds no more)
         blob = torch.load(path, map_location="cpu", weights_only=True)
@@ -67,19 +68,31 @@ def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CreditCheckpointError(f"{path}: not a readable torch checkpoint with weights_only=True "
                                     f"({type(exc).__name__}: {first})") from None
+    container: dict[str, Any] = {}
     if isinstance(blob, Mapping) and "model_state_dict" in blob:
-        blob = blob["model_state_dict"]
+        container, blob = dict(blob), blob["model_state_dict"]
     elif isinstance(blob, Mapping) and isinstance(blob.get("model"), Mapping):
-        blob = blob["model"]
+        container, blob = dict(blob), blob["model"]
     if not isinstance(blob, Mapping) or not all(isinstance(v, torch.Tensor) for v in blob.values()):
         raise CreditCheckpointError(f"{path}: holds neither CREDIT's checkpoint container "
                                     f"(model_state_dict) nor a state dict of tensors")
-    state = {}
-    for key, tensor in blob.items():
-        key = ".".join(part for part in key.split(".") if part not in _WRAPPERS)
-        if not key.startswith(_UNUSED_PREFIXES):
-            state[key] = tensor
-    return state
+    return container, {unwrapped_name(key): tensor for key, tensor in blob.items()}
+
+
+def unwrapped_name(key: str) -> str:
+    """`key` without the path components that DDP, compile, FSDP1 and checkpointing insert."""
+    return ".".join(part for part in key.split(".") if part not in _WRAPPERS)
+
+
+def is_unused_credit_key(key: str) -> bool:
+    """An entry CREDIT's CrossFormers build and never use at patch size 1: not loaded here."""
+    return key.startswith(_UNUSED_PREFIXES)
+
+
+def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights of a CREDIT checkpoint file, wrapper prefixes removed."""
+    _, state = read_credit_checkpoint(path)
+    return {key: tensor for key, tensor in state.items() if not is_unused_credit_key(key)}
 
 
 def load_credit_weights(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:

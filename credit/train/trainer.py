@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from credit.checkpoint.config_check import check_resume_config
 from credit.checkpoint.manager import CheckpointManager
-from credit.checkpoint.resume import ResumedRun, resume_source, resume_training
+from credit.checkpoint.resume import ResumedRun, resume_source, resume_training, start_from_credit
 from credit.checkpoint.training_state import Progress, training_state
 from credit.diagnostics import SDC_COLUMNS, SDCDetector, StepReport
 from credit.data import (
@@ -93,6 +93,8 @@ class Trainer:
         )
         if source is not None:
             self.load(source)
+        elif self.cfg.trainer.credit_start.checkpoint:
+            self._start_from_credit()
         self._build_loaders()
 
     def _build_data(self) -> None:
@@ -211,6 +213,15 @@ class Trainer:
         self.progress = resume_training(path, run)
         self._apply_config_hyperparameters()
         choose_foreach(self.model, self.optimizer)  # the checkpoint's groups carry the saving run's flag
+
+    def _start_from_credit(self) -> None:
+        start, trainer = self.cfg.trainer.credit_start, self.cfg.trainer
+        run = ResumedRun(self.model, self.optimizer, self.scheduler, self.ema,
+                         self.sampler.global_batch_size, self.sampler.batches_per_epoch)
+        self.progress = start_from_credit(start.checkpoint, start.optimizer, start.reload_epoch, run)
+        self.scheduler = lambda_schedule(self.optimizer, schedule_function(
+            trainer.scheduler, trainer.max_steps, self.sampler.batches_per_epoch), step=self.step)
+        choose_foreach(self.model, self.optimizer)
 
     def _report_skipped(self) -> None:
         """data.nonfinite=skip_sample: how many training samples this job passed over."""

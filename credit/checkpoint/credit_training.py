@@ -1,0 +1,127 @@
+"""Continue a CREDIT training run: its `checkpoint.pt` as this run's starting state.
+
+CREDIT's trainer saves `{epoch, model_state_dict, optimizer_state_dict, scheduler_state_dict,
+scaler_state_dict}` from one process. Its optimizer state is torch's AdamW state dict, keyed
+by each parameter's position in CREDIT's `model.parameters()`, which is the order of the
+model state dict's parameter entries (spectral norm registers `weight_orig` after `bias`, and
+the state dict keeps that order). So position k is the k-th entry that is a parameter: the
+entries that map (`remap_conv_state_dict`) onto this model's parameters, plus CREDIT's unused
+`cube_embedding` ones, which hold no state (they never get a gradient) and have no
+counterpart here. The moments go through the same remap as the weights (a fused q/k/v's
+thirds), then `set_optimizer_state_dict` places each rank's shard: any dp x tp layout.
+
+Where the run continues (CREDIT's `reload_epoch`): after the number of optimizer steps the
+checkpoint's AdamW state counts, which is where the schedule resumes. CREDIT itself resumes
+its schedule with the first step's lr left at the scheduler's initial value (0 for a
+warm-up from zero); here every step gets the schedule's value for its step, as an
+uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+from credit.checkpoint.manager import CheckpointError
+from credit.checkpoint.weights import load_weights_file
+from credit.models.credit_checkpoint import (
+    CreditCheckpointError,
+    is_unused_credit_key,
+    read_credit_checkpoint,
+    unwrapped_name,
+)
+from credit.models.credit_remap import remap_conv_state_dict
+
+log = logging.getLogger(__name__)
+
+_POWER_ITERATION_VECTORS = (".weight_u", ".weight_v")  # spectral norm's buffers, never optimized
+
+
+@dataclass
+class CreditStart:
+    """What was taken from CREDIT's checkpoint."""
+
+    steps: int  # optimizer steps CREDIT took (its AdamW step count)
+    epoch: int  # the epoch CREDIT finished last (its `epoch`)
+    optimizer_loaded: bool
+
+
+def parameter_order(entries: Mapping[str, torch.Tensor], parameters: set[str]) -> list[tuple[str, list[str]]]:
+    """For each position of CREDIT's optimizer state, CREDIT's entry and the parameter names
+    it becomes here: one name, three for a fused q/k/v, none for an unused `cube_embedding`
+    parameter."""
+    order: list[tuple[str, list[str]]] = []
+    for key, tensor in entries.items():
+        if key.endswith(_POWER_ITERATION_VECTORS):
+            continue
+        if is_unused_credit_key(key):
+            order.append((key, []))
+            continue
+        names = list(remap_conv_state_dict({key: tensor}))
+        if any(name in parameters for name in names):
+            order.append((key, names))
+    return order
+
+
+def _moments(order: list[tuple[str, list[str]]],
+             state: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, torch.Tensor]]:
+    """CREDIT's per-position AdamW state as this model's, keyed by parameter name."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for position, (key, names) in enumerate(order):
+        if position not in state or not names:
+            continue
+        entry = state[position]
+        for moment in ("exp_avg", "exp_avg_sq"):  # the weights' remap: a fused q/k/v in thirds
+            for name, value in remap_conv_state_dict({key: entry[moment]}).items():
+                out.setdefault(name, {})[moment] = value.float()
+        for name in names:
+            out[name]["step"] = torch.as_tensor(entry["step"], dtype=torch.float32).clone()
+    return out
+
+
+def _parameter_names(model: nn.Module) -> list[str]:
+    return [unwrapped_name(name) for name, _ in model.named_parameters()]
+
+
+def load_credit_training_state(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                               with_optimizer: bool) -> CreditStart:
+    """Load CREDIT's `checkpoint.pt` weights (and, `with_optimizer`, its AdamW state) into
+    this run's model and optimizer, in any layout. Raises CheckpointError naming the file."""
+    path = Path(path)
+    try:
+        container, entries = read_credit_checkpoint(path)
+    except CreditCheckpointError as error:
+        raise CheckpointError(str(error)) from None
+    optim_state = container.get("optimizer_state_dict")
+    if not isinstance(optim_state, Mapping) or not isinstance(optim_state.get("state"), Mapping):
+        raise CheckpointError(f"{path}: no optimizer_state_dict; CREDIT's trainer saves one in checkpoint.pt "
+                              f"(a weights-only file starts a run with trainer.resume={path})")
+    steps = {int(float(entry["step"])) for entry in optim_state["state"].values() if "step" in entry}
+    load_weights_file(model, path)
+    if with_optimizer:
+        names = _parameter_names(model)
+        order = parameter_order(entries, set(names))
+        groups = optim_state.get("param_groups") or []
+        positions = sum(len(group["params"]) for group in groups)
+        if len(groups) != 1 or positions != len(order):
+            raise CheckpointError(
+                f"{path}: its optimizer state has {positions} parameter positions in {len(groups)} group(s), "
+                f"but its model state lists {len(order)} parameters; CREDIT's AdamW holds every parameter "
+                f"in one group, so this file's optimizer state cannot be matched to the weights")
+        moments = _moments(order, {int(k): v for k, v in optim_state["state"].items()})
+        own = dict(optimizer.param_groups[0])
+        own.pop("params")
+        state = {"state": moments, "param_groups": [{**own, "params": names}]}
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    epoch = int(container.get("epoch", -1))
+    if len(steps) > 1:
+        log.warning("%s: its parameters count different AdamW steps %s; continuing after %d", path,
+                    sorted(steps), max(steps))
+    return CreditStart(steps=max(steps, default=0), epoch=epoch, optimizer_loaded=with_optimizer)

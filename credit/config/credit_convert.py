@@ -1,0 +1,238 @@
+"""The converters of CREDIT's data, trainer, loss and predict values that the mapping table
+(`credit.config.credit_file.TABLE`) names: each takes (the key's value, the whole CREDIT
+config) and returns this project's (key, value) pairs, or a refusal line naming the key.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Convert = Callable[[Any, Mapping[str, Any]], "list[tuple[str, Any]] | str"]
+
+
+def expand(path: Any) -> str:
+    return os.path.expanduser(os.path.expandvars(str(path)))
+
+
+def years(key: str) -> Convert:
+    def convert(value: Any, conf: Mapping[str, Any]):
+        first, last = (int(v) for v in value)  # CREDIT's last year is exclusive
+        if last <= first:
+            return f"data.{key}: {list(value)} holds no year (CREDIT's end year is exclusive)"
+        return [(f"data.{'train' if key == 'train_years' else 'valid'}_period", [f"{first}-01-01", f"{last - 1}-12-31"])]
+
+    return convert
+
+
+def levels(value: Any, conf: Mapping[str, Any]):
+    """data.levels from the upper-air files' level coordinate (CREDIT reads them in file order)."""
+    data = conf.get("data", {})
+    found = sorted(glob.glob(expand(data.get("save_loc", ""))))
+    if not found and data.get("level_ids"):  # `credit check` away from the data: the config's own list
+        return [("data.levels", [float(v) for v in data["level_ids"]])]
+    if not found:
+        return f"data.save_loc: {data.get('save_loc')!r} matches no file (the levels are read from it)"
+    from credit.data.catalog import open_store  # the data layer, read here for one coordinate
+
+    with open_store(Path(found[0]), cache=False) as ds:
+        if "level" not in ds.coords and "level" not in ds.dims:
+            return f"data.save_loc: {found[0]} has no `level` coordinate"
+        levels = [float(v) for v in np.asarray(ds["level"].values)]
+    if value is not None and int(value) != len(levels):
+        return f"data.levels: {value}, but {found[0]} holds {len(levels)} levels"
+    return [("data.levels", levels)]
+
+
+def forecast_len(value: Any, conf: Mapping[str, Any]):
+    return [("data.forecast_len", int(value) + 1)]  # CREDIT counts 0 for one step
+
+
+def same_as(other: str) -> Convert:
+    def convert(value: Any, conf: Mapping[str, Any]):
+        section, key = other.split(".")
+        if value is not None and value != conf.get(section, {}).get(key, value):
+            return f"{section}.valid_{key}: {value} differs from {other}; validation here uses {other}"
+        return []
+
+    return convert
+
+
+def scaler(value: Any, conf: Mapping[str, Any]):
+    return [] if value == "std_new" else (f"data.scaler_type: {value!r}; only 'std_new' (mean_path/std_path "
+                                          "z-scores) is read here")
+
+
+def mode(value: Any, conf: Mapping[str, Any]):
+    parallel = {"none": "none", "ddp": "ddp", "fsdp": "fsdp2"}
+    if value not in parallel:
+        return f"trainer.mode: {value!r}; allowed: none, ddp, fsdp"
+    return [("trainer.parallelism.data", parallel[value])]
+
+
+def trainer_type(value: Any, conf: Mapping[str, Any]):
+    return [] if value in ("era5-gen1", "era5", "cam") else (
+        f"trainer.type: {value!r}; this project trains CREDIT's deterministic ERA5 trainer (era5-gen1, era5)")
+
+
+def steps(value: Any, conf: Mapping[str, Any]):
+    trainer = conf.get("trainer", {})
+    per_epoch = int(trainer.get("batches_per_epoch") or 0)
+    if per_epoch <= 0:  # a full pass per epoch: resolved from the training set at the run's global batch
+        pairs = [("trainer.epochs", int(trainer.get("epochs", 1)))]
+        if trainer.get("num_epoch"):
+            pairs.append(("trainer.epochs_per_job", min(int(trainer["num_epoch"]), int(trainer.get("epochs", 1)))))
+        return pairs
+    pairs = [("trainer.max_steps", int(trainer.get("epochs", 1)) * per_epoch)]
+    if trainer.get("num_epoch"):
+        pairs.append(("trainer.steps_per_job", min(int(trainer["num_epoch"]), int(trainer.get("epochs", 1)))
+                      * per_epoch))
+    return pairs
+
+
+def grad_max_norm(value: Any, conf: Mapping[str, Any]):
+    if value == "dynamic":  # CREDIT: sqrt of the sum over ranks of each rank's norm
+        return [("trainer.grad_clip_dynamic", True)]
+    if value is None or float(value) == 0:
+        return "trainer.grad_max_norm: unset or 0 makes CREDIT's gen1 trainer fail at its first step; give a number"
+    return [("trainer.grad_clip", float(value))]
+
+
+def mixed_precision(value: Any, conf: Mapping[str, Any]):
+    trainer = conf.get("trainer", {})
+    if not trainer.get("use_mixed_precision"):
+        return []
+    mp = trainer.get("mixed_precision") or {}
+    if mp.get("param_dtype") == "bfloat16" and mp.get("reduce_dtype", "float32") == "float32":
+        return [("trainer.parallelism.mixed_precision", "bf16")]
+    return (f"trainer.mixed_precision: {dict(mp)}; this project's mixed precision is bf16 parameters with "
+            "float32 reduction (param_dtype: bfloat16, reduce_dtype: float32)")
+
+
+def scheduler_kind(conf: Mapping[str, Any]) -> str | None:
+    trainer = conf.get("trainer", {})
+    return dict(trainer.get("scheduler") or {}).get("scheduler_type") if trainer.get("use_scheduler") else None
+
+
+def learning_rate(value: Any, conf: Mapping[str, Any]):
+    if scheduler_kind(conf) == "cosine-annealing-restarts":
+        return []  # CREDIT's restarts scheduler sets the lr itself (its max_lr)
+    return [("trainer.optimizer.lr", float(value))]
+
+
+def scheduler(value: Any, conf: Mapping[str, Any]):
+    trainer = conf.get("trainer", {})
+    if not value:  # a constant learning rate
+        return [("trainer.scheduler.warmup_steps", 0), ("trainer.scheduler.min_lr_ratio", 1.0)]
+    sched = dict(trainer.get("scheduler") or {})
+    kind = sched.get("scheduler_type")
+    lr = float(trainer.get("learning_rate", 1.0))
+    if kind == "linear-warmup-cosine":
+        return [("trainer.scheduler.warmup_steps", int(sched.get("warmup_steps", 1000))),
+                ("trainer.scheduler.total_steps", int(sched.get("total_steps", 500_000))),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("min_lr", 1e-5)) / lr)),
+                ("trainer.scheduler.warmup_from_zero", True)]
+    if kind == "cosine-annealing-restarts":
+        peak = float(sched.get("max_lr", 0.1))
+        return [("trainer.scheduler.type", "cosine_restarts"), ("trainer.optimizer.lr", peak),
+                ("trainer.scheduler.first_cycle_steps", int(sched["first_cycle_steps"])),
+                ("trainer.scheduler.cycle_mult", float(sched.get("cycle_mult", 1.0))),
+                ("trainer.scheduler.gamma", float(sched.get("gamma", 1.0))),
+                ("trainer.scheduler.warmup_steps", int(sched.get("warmup_steps", 0))),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("min_lr", 0.001)) / peak))]
+    if kind == "cosine-annealing":
+        return [("trainer.scheduler.type", "epoch_cosine"), ("trainer.scheduler.t_max_epochs", int(sched["T_max"])),
+                ("trainer.scheduler.min_lr_ratio", min(1.0, float(sched.get("eta_min", 0.0)) / lr))]
+    if kind == "lambda":
+        return [("trainer.scheduler.type", "epoch_lambda")]
+    return (f"trainer.scheduler.scheduler_type: {kind!r} is not implemented (plateau steps on each epoch's "
+            "validation metric); linear-warmup-cosine, cosine-annealing-restarts, cosine-annealing, lambda and "
+            "use_scheduler: false are")
+
+
+def training_loss(value: Any, conf: Mapping[str, Any]):
+    from credit.config.validate import LOSS_FUNCTIONS
+
+    if value not in LOSS_FUNCTIONS:
+        return (f"loss.training_loss: {value!r}; CREDIT's deterministic losses are read here "
+                f"({', '.join(LOSS_FUNCTIONS)}); ensembles and CRPS losses are not")
+    return [("trainer.loss.function", value)]
+
+
+def loss_parameters(value: Any, conf: Mapping[str, Any]):
+    value = dict(value or {})
+    unknown = sorted(set(value) - {"delta"})
+    if unknown:
+        return f"loss.training_loss_parameters: {unknown}; only huber's delta is read here"
+    return [("trainer.loss.huber_delta", float(value["delta"]))] if "delta" in value else []
+
+
+def variable_weights(value: Any, conf: Mapping[str, Any]):
+    loss = conf.get("loss", {})
+    if not loss.get("use_variable_weights"):
+        return []
+    weights = dict(loss.get("variable_weights") or {})  # one `+` override per variable: the dict starts empty
+    data = conf.get("data") or {}
+    if data:  # CREDIT's parser keeps the weights of the output variables only
+        outputs = {*(data.get("variables") or []), *(data.get("surface_variables") or []),
+                   *(data.get("diagnostic_variables") or [])}
+        weights = {name: value for name, value in weights.items() if name in outputs}
+    return [*((f"+trainer.loss.variable_weights.{name}", value) for name, value in weights.items()),
+            ("trainer.loss.normalize_variable_weights", False)]
+
+
+def predict(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's `predict.forecasts` (`credit/forecast.py`'s init times and lengths) and
+    `save_forecast` -> `rollout.init_times`, `rollout.lead_steps`, `rollout.output_dir`."""
+    value = dict(value or {})
+    step_h = int((conf.get("data") or {}).get("lead_time_periods", 1))
+    forecasts = value.get("forecasts")
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(forecasts, Mapping):
+        kind = forecasts.get("type")
+        if kind not in ("custom", "10day_year"):
+            return f"predict.forecasts.type: {kind!r}; CREDIT's types are custom and 10day_year"
+        days = 10 if kind == "10day_year" else int(forecasts.get("days", 10))
+        duration = 365 if kind == "10day_year" else int(forecasts.get("duration", 365))
+        interval = 1 if kind == "10day_year" else int(forecasts.get("ic_interval_days", 1))
+        start = np.datetime64(f"{int(forecasts['start_year']):04d}-{int(forecasts['start_month']):02d}-"
+                              f"{int(forecasts['start_day']):02d}", "h")
+        hours = forecasts.get("start_hours", [0])
+        hours = [hours] if isinstance(hours, int) else list(hours)
+        inits = [start + np.timedelta64(24 * interval * i + int(h), "h") for i in range(duration // interval)
+                 for h in hours]
+        pairs += [("rollout.init_times", [str(t) + ":00" for t in inits]), ("rollout.lead_steps", days * 24 // step_h)]
+    elif forecasts:  # CREDIT's explicit [start, end] pairs
+        spans = [(np.datetime64(str(a).replace(" ", "T"), "m"), np.datetime64(str(b).replace(" ", "T"), "m"))
+                 for a, b in forecasts]
+        steps = {int((b - a) / np.timedelta64(step_h, "h")) + 1 for a, b in spans}
+        if len(steps) != 1:
+            return f"predict.forecasts: the forecasts differ in length ({sorted(steps)} steps); give one length"
+        pairs += [("rollout.init_times", [str(a) for a, _ in spans]), ("rollout.lead_steps", steps.pop())]
+    if value.get("save_forecast"):
+        pairs.append(("rollout.output_dir", expand(value["save_forecast"])))
+    return pairs
+
+
+def load_weights(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's trainer reloads `save_loc/checkpoint.pt`: weights, with load_optimizer its AdamW
+    state, with reload_epoch its epoch and schedule (`credit.checkpoint.credit_training`)."""
+    if not value:
+        return []
+    trainer = conf.get("trainer", {})
+    if trainer.get("mode") == "fsdp":
+        return ("trainer.load_weights: true with trainer.mode: fsdp reads CREDIT's FSDP files "
+                "(model_checkpoint.pt, optimizer_checkpoint.pt), which are not read here; checkpoint.pt "
+                "from mode none or ddp is")
+    return [("trainer.credit_start.checkpoint", str(Path(expand(conf.get("save_loc", "."))) / "checkpoint.pt")),
+            ("trainer.credit_start.optimizer", bool(trainer.get("load_optimizer", False))),
+            ("trainer.credit_start.reload_epoch", bool(trainer.get("reload_epoch", False)))]
+
+
+def ensemble(value: Any, conf: Mapping[str, Any]):
+    return f"trainer.ensemble_size: {value}; ensembles are not trained here" if int(value or 1) > 1 else []
