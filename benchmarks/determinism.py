@@ -9,7 +9,13 @@ kernel call), and the peak resident memory of a process training only one mode (
 processes: memory is not noisy, and one process cannot separate two models' peaks).
 
     python benchmarks/determinism.py [--steps 12] [--layout single|dp2xtp2] [--device cpu|cuda]
-                                     [--out FILE] [KEY=VALUE ...]
+                                     [--profile N] [--out FILE] [KEY=VALUE ...]
+
+`--profile N` adds N more steps per mode (interleaved, after the timed ones) under
+torch.profiler and a table of where each mode's time goes, by operation family
+(`op_families.py`; rank 0's events; CPU time, so `--device cpu` only). The profiler's
+per-op overhead inflates families of many small ops: read the table's differences, not its
+totals, against the unprofiled step times above it.
 
 Trailing KEY=VALUE overrides change the experiment (a smaller grid, another data root). On
 `--device cuda` the peak is the GPU's (`torch.cuda.max_memory_allocated`), the machine is
@@ -91,7 +97,7 @@ def _trainer(overrides: list[str], mode: str, run_dir: str, runtime=None):
     return trainer, runtime
 
 
-def compare(overrides: list[str], steps: int, out: str, device: str) -> None:
+def compare(overrides: list[str], steps: int, out: str, device: str, profiled: int = 0) -> None:
     """One rank: both trainers, steps interleaved; rank 0 writes the timings as JSON."""
     import torch.distributed as dist
 
@@ -112,8 +118,15 @@ def compare(overrides: list[str], steps: int, out: str, device: str) -> None:
             times["fast"].append(t_fast)
             if device == "cpu":
                 gemm.append(in_kernels / t_det)
+    families: dict[str, list] = {"deterministic": [], "fast": []}
+    if profiled:
+        from op_families import profile_step
+
+        for _ in range(profiled):
+            families["deterministic"].append(profile_step(det, det_batches))
+            families["fast"].append(profile_step(fast, fast_batches))
     if not dist.is_initialized() or dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(dict(times=times, gemm_share=gemm)))
+        Path(out).write_text(json.dumps(dict(times=times, gemm_share=gemm, families=families)))
 
 
 def peak_memory(overrides: list[str], mode: str, steps: int, out: str) -> None:
@@ -144,6 +157,8 @@ def main() -> None:
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="single")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", help="model=NAME to time (default: the default experiment's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="N profiled steps per mode: time per operation family (cpu)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -154,15 +169,18 @@ def main() -> None:
     overrides = [*overrides, f"trainer.device={args.device}", *([f"model={args.model}"] if args.model else []),
                  *args.overrides]
     model_args = ["--model", args.model] if args.model else []
+    if args.profile and args.device != "cpu":
+        parser.error("--profile measures CPU time: use it with --device cpu")
     if args.worker == "compare":
-        return compare(overrides, args.steps, args.result, args.device)
+        return compare(overrides, args.steps, args.result, args.device, args.profile)
     if args.worker == "memory":
         return peak_memory(overrides, args.mode, args.steps, args.result)
 
     with tempfile.TemporaryDirectory() as tmp:
         result = f"{tmp}/compare.json"
         _launch(ranks, "--layout", args.layout, "--device", args.device, "--steps", str(args.steps),
-                *model_args, "--worker", "compare", "--result", result, *args.overrides)
+                *model_args, "--profile", str(args.profile), "--worker", "compare", "--result", result,
+                *args.overrides)
         data = json.loads(Path(result).read_text())
         peaks = {}
         for mode in ("deterministic", "fast"):
@@ -192,8 +210,17 @@ def main() -> None:
         "",
         f"Reproduce: `python benchmarks/determinism.py --layout {args.layout} --device {args.device} "
         f"--steps {args.steps}{' --model ' + args.model if args.model else ''}"
+        f"{f' --profile {args.profile}' if args.profile else ''}"
         f"{''.join(' ' + o for o in args.overrides)}`",
     ]
+    if args.profile:
+        from op_families import merge, table
+
+        lines += ["", f"## Where the time goes: median of {args.profile} profiled steps per mode, rank 0, "
+                      "self CPU time by operation family", "",
+                  *table(merge(data["families"]["deterministic"]), merge(data["families"]["fast"])), "",
+                  "Forward work counts for the innermost family range it ran in, backward work for the family "
+                  "of the forward op that created its autograd node (benchmarks/op_families.py)."]
     report(lines, args.out)
 
 

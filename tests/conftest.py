@@ -39,6 +39,7 @@ def tiny_overrides(tiny_data):
 # which launch ranks or train for tens of seconds; tests/parallel/test_smoke.py is its one
 # multi-rank test. A path listed here that no longer exists stops the collection.
 HEAVY = {
+    "checkpoint/test_credit_start.py",
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
     "manual/test_gpu_kit.py",

@@ -17,16 +17,14 @@ with a caller-fixed reduction order).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from ._build import build_environment
 from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -59,23 +57,6 @@ def default_isa() -> str:
     return "scalar"
 
 
-@contextlib.contextmanager
-def _build_lock(build_dir: str) -> Iterator[None]:
-    """Hold an OS file lock on ``build_dir`` while torch builds/loads the extension.
-
-    torch's own lock is a file that exists while a build runs; a process killed mid-build
-    leaves it behind and every later build waits for it forever. The OS releases our
-    ``flock`` when its holder dies, and every builder of this extension takes it first, so
-    a torch lock file found while holding it is a dead build's leftover and is removed.
-    """
-    os.makedirs(build_dir, exist_ok=True)
-    with open(os.path.join(build_dir, "credit-build.flock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(build_dir, "lock"))
-        yield
-
-
 def load(isa: str | None = None) -> ModuleType:
     """Build (first call) or load the extension for ``isa``; raise on failure."""
     isa = isa or default_isa()
@@ -91,7 +72,7 @@ def load(isa: str | None = None) -> ModuleType:
             flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
             name = f"credit_det_gemm_cpu_{isa}"
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
-            with _build_lock(build_dir):
+            with build_environment(build_dir):
                 mod = cpp_extension.load(
                     name=name,
                     sources=[str(p) for p in _SOURCES],

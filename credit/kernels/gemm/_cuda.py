@@ -15,6 +15,7 @@ from types import ModuleType
 
 import torch
 
+from ._build import build_environment
 from ._tree import num_leaves, schedule_tensor
 
 CSRC = Path(__file__).with_name("csrc")
@@ -40,13 +41,17 @@ def load() -> ModuleType:
         try:
             from torch.utils import cpp_extension
 
-            _module = cpp_extension.load(
-                name="credit_det_gemm_cuda",
-                sources=[str(BINDING_SOURCE), str(KERNEL_SOURCE)],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=NVCC_FLAGS,
-                verbose=False,
-            )
+            name = "credit_det_gemm_cuda"
+            build_dir = cpp_extension._get_build_directory(name, verbose=False)
+            with build_environment(build_dir):
+                _module = cpp_extension.load(
+                    name=name,
+                    sources=[str(BINDING_SOURCE), str(KERNEL_SOURCE)],
+                    extra_cflags=["-O3"],
+                    extra_cuda_cflags=NVCC_FLAGS,
+                    build_directory=build_dir,
+                    verbose=False,
+                )
         except Exception as exc:
             _error = f"building the cuda extension failed: {exc}"
             raise RuntimeError(_error) from exc
