@@ -43,7 +43,8 @@ import torch
 import xarray as xr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from determinism import _cpu_name, report  # noqa: E402  (one home for the machine's name)
+from determinism import report  # noqa: E402
+from machine import cpu_name  # noqa: E402  (one home for the machine's name)
 
 from credit.data import ERA5Dataset, VariableSpec, collate_samples, recycled  # noqa: E402
 
@@ -173,7 +174,7 @@ def main() -> None:
     lines = [
         "# ERA5Dataset throughput at 0.25 degrees (721 x 1440, 13 levels, default variables)",
         "",
-        f"Machine: {_cpu_name()}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
         f"data in {base} ({'page cache dropped for cold runs' if cold_ok else 'cold runs unavailable: not root'}); "
         f"batch 1, {args.samples} samples per pass; assumed GPU step {GPU_STEP_S} s per sample (see the script).",
         "",

@@ -2,7 +2,7 @@
 `credit data generate --layout credit-gen1` writes them) in deterministic mode gives the same
 bits in one process and on dp2 x tp2: every metric of every step and every tensor of the final
 checkpoint. Continuing CREDIT's own run from its checkpoint.pt (weights, AdamW state, step)
-gives the same bits in one process and sharded by FSDP2 over two ranks."""
+gives the same bits in one process and at dp2 x tp2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from credit_fixtures import credit_run_config
+from credit_fixtures import CHECKPOINT_RUN, credit_run_config
 from manual_scripts import run_script
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -41,17 +41,20 @@ def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path):
     assert compared.returncode == 0, compared.stdout + compared.stderr
 
 
-def test_continuing_credits_run_is_bitwise_in_one_process_and_sharded(tmp_path):
-    # the fixture's model has one attention head in its first stage: dp, not tp
-    single_config = credit_run_config(tmp_path / "single")
-    sharded_config = credit_run_config(tmp_path / "fsdp2")
+def test_continuing_credits_run_is_bitwise_in_one_process_and_at_dp2_tp2(tmp_path):
+    # CREDIT's run with two or more attention heads in every stage (fixture `wide/`), so tp=2
+    # splits every attention and its AdamW state is placed on FSDP2 x TP shards
+    fixture = CHECKPOINT_RUN / "wide"
+    single_config = credit_run_config(tmp_path / "single", fixture)
+    sharded_config = credit_run_config(tmp_path / "dp2tp2", fixture)
     common = ["model.gemm=deterministic", "trainer.max_steps=3", "trainer.progress_bar=false"]
     single = _cli("train", "--credit-config", str(single_config), *common, "trainer.batch_size=4")
     assert single.returncode == 0, single.stderr[-3000:]
-    sharded = _cli("train", "--nproc", "2", "--credit-config", str(sharded_config), *common, "parallelism=fsdp2",
-                   "trainer.batch_size=2")
+    sharded = _cli("train", "--nproc", "4", "--credit-config", str(sharded_config), *common,
+                   "parallelism=fsdp2_tp2", "trainer.batch_size=2")
     assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert "dp 2 x tp 2" in sharded.stdout + sharded.stderr
     for result in (single, sharded):
         assert "continuing CREDIT's run from" in result.stdout + result.stderr
-    compared = run_script("compare_runs", tmp_path / "single" / "run", tmp_path / "fsdp2" / "run")
+    compared = run_script("compare_runs", tmp_path / "single" / "run", tmp_path / "dp2tp2" / "run")
     assert compared.returncode == 0, compared.stdout + compared.stderr
