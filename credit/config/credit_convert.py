@@ -76,8 +76,9 @@ def mode(value: Any, conf: Mapping[str, Any]):
 
 
 def trainer_type(value: Any, conf: Mapping[str, Any]):
-    return [] if value in ("era5-gen1", "era5", "cam") else (
-        f"trainer.type: {value!r}; this project trains CREDIT's deterministic ERA5 trainer (era5-gen1, era5)")
+    return [] if value in ("era5-gen1", "era5", "cam", "gen2", "era5-gen2") else (
+        f"trainer.type: {value!r}; this project trains CREDIT's deterministic ERA5 trainers (era5-gen1, era5, gen2, "
+        "era5-gen2)")
 
 
 def steps(value: Any, conf: Mapping[str, Any]):
@@ -179,8 +180,11 @@ def variable_weights(value: Any, conf: Mapping[str, Any]):
     weights = dict(loss.get("variable_weights") or {})  # one `+` override per variable: the dict starts empty
     data = conf.get("data") or {}
     if data:  # CREDIT's parser keeps the weights of the output variables only
-        outputs = {*(data.get("variables") or []), *(data.get("surface_variables") or []),
-                   *(data.get("diagnostic_variables") or [])}
+        from credit.config.credit_convert_gen2 import is_gen2, output_variables
+
+        outputs = output_variables(conf) if is_gen2(conf) else {
+            *(data.get("variables") or []), *(data.get("surface_variables") or []),
+            *(data.get("diagnostic_variables") or [])}
         weights = {name: value for name, value in weights.items() if name in outputs}
     return [*((f"+trainer.loss.variable_weights.{name}", value) for name, value in weights.items()),
             ("trainer.loss.normalize_variable_weights", False)]

@@ -220,8 +220,11 @@ class DataVariables:
 @dataclass
 class CreditFiles:
     """CREDIT's gen1 `save_loc*`, `mean_path` and `std_path`: globs of yearly files (the year
-    in each name), one file for `forcing` and `static`; relative to `data.root` or absolute."""
+    in each name), one file for `forcing` and `static`; relative to `data.root` or absolute.
+    gen2 (`data.layout=credit-gen2`): `prognostic`, `dynamic_forcing`, `static`, `diagnostic`
+    are CREDIT's path templates (`%Y` ...), `mean`/`std` the era5_normalizer's files."""
 
+    prognostic: Optional[str] = None  # gen2 only
     upper_air: Optional[str] = None
     surface: Optional[str] = None
     dynamic_forcing: Optional[str] = None
@@ -234,8 +237,8 @@ class CreditFiles:
 
 @dataclass
 class CreditDataConfig:
-    """`data.layout=credit-gen1`: CREDIT's gen1 files as CREDIT's dataset reads them
-    (credit/data/credit_gen1.py). `data.variables.forcing` are CREDIT's
+    """`data.layout=credit-gen1|credit-gen2`: CREDIT's files as CREDIT's datasets read them
+    (credit/data/credit_gen1.py, credit_gen2.py). `data.variables.forcing` are CREDIT's
     `dynamic_forcing_variables` (z-scored, from the yearly files); `forcing_file_variables`
     are its `forcing_variables` (one leap-year file, as stored)."""
 
@@ -244,6 +247,11 @@ class CreditDataConfig:
     skip_periods: int = 1  # input frames every k file steps; history_len counts file steps
     static_first: bool = True  # the forcing block: static, dynamic forcing, forcing (else static last)
     clamp: Optional[List[float]] = None  # CREDIT's data_clamp: [low, high] after normalisation
+    # gen2 (credit/data/credit_gen2.py): the master clock's step, the files' level coordinate,
+    # and the era5_normalizer's `levels` (1-indexed positions on its files' level axis)
+    timestep: Optional[str] = None
+    level_coord: str = "level"
+    stats_levels: Optional[List[int]] = None
 
 
 @dataclass
@@ -261,7 +269,7 @@ class DataConfig:
     """The embedded synthetic dataset, generated into `root` on first use."""
 
     root: str = "data/embedded"
-    layout: str = "native"  # native (this project's files) | credit-gen1 (CREDIT's, see `credit`)
+    layout: str = "native"  # native (this project's files) | credit-gen1 | credit-gen2 (CREDIT's, see `credit`)
     credit: CreditDataConfig = field(default_factory=CreditDataConfig)
     generate_if_missing: bool = True
     generate: GenerateConfig = field(default_factory=GenerateConfig)

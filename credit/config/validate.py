@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 PARALLEL_DATA_MODES = ("fsdp2", "ddp", "none")
@@ -58,7 +59,7 @@ ASYMMETRIC_CROSS_EMBED = ("wxformer", "nextgen_wxformer")  # ZeroPad2d(k - s) br
 DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
 SPECTRAL_NORM_TP = ("shard", "replicate")
 NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
-DATA_LAYOUTS = ("native", "credit-gen1")  # data.layout
+DATA_LAYOUTS = ("native", "credit-gen1", "credit-gen2")  # data.layout
 SCHEDULES = ("warmup_cosine", "cosine_restarts", "epoch_cosine", "epoch_lambda")  # trainer.scheduler.type
 
 
@@ -212,11 +213,40 @@ def validate_data(data: DictConfig) -> None:
             _check(bool(credit.files[role]), f"data.credit.files.{role}", credit.files[role], "the statistics file")
         _check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
                "false with data.layout=credit-gen1 (`credit data generate --layout credit-gen1` writes such data)")
+    if data.layout == "credit-gen2":
+        _validate_credit_gen2(data)
     gen = data.generate
     _check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
            "give [n_latitudes, n_longitudes], each >= 4")
     _check(set(gen.train_years) <= set(gen.years), "data.generate.train_years", gen.train_years,
            f"must be among data.generate.years={list(gen.years)}")
+
+
+def _validate_credit_gen2(data: DictConfig) -> None:
+    credit, files = data.credit, data.credit.files
+    _check(bool(credit.timestep), "data.credit.timestep", credit.timestep, "the master clock's step, e.g. '6h' "
+           "(CREDIT's data.timestep)")
+    try:
+        step = pd.Timedelta(credit.timestep)
+    except ValueError:
+        step = pd.Timedelta(0)
+    _check(step > pd.Timedelta(0), "data.credit.timestep", credit.timestep, "a positive time span, e.g. '6h'")
+    _check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
+           "data.credit.clamp", credit.clamp, "null or [low, high] with low < high")
+    _check(not credit.forcing_file_variables, "data.credit.forcing_file_variables", list(credit.forcing_file_variables),
+           "empty with data.layout=credit-gen2 (gen2 forcing is data.variables.forcing, CREDIT's dynamic_forcing)")
+    _check(credit.skip_periods == 1, "data.credit.skip_periods", credit.skip_periods, "1 with data.layout=credit-gen2")
+    _check(credit.stats_levels is None or all(int(p) >= 1 for p in credit.stats_levels), "data.credit.stats_levels",
+           credit.stats_levels, "null or 1-indexed positions on the statistics' level axis")
+    v = data.variables
+    for role, names in (("prognostic", [*v.upper_air, *v.surface]), ("dynamic_forcing", list(v.forcing)),
+                        ("static", list(v.static)), ("diagnostic", list(v.diagnostic))):
+        _check(not names or bool(files[role]), f"data.credit.files.{role}", files[role],
+               f"a path template for {names}")
+    for role in ("mean", "std"):
+        _check(bool(files[role]), f"data.credit.files.{role}", files[role], "the era5_normalizer's statistics file")
+    _check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
+           "false with data.layout=credit-gen2 (`credit data generate --layout credit-gen2` writes such data)")
 
 
 def validate_trainer(trainer: DictConfig) -> None:

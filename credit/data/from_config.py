@@ -12,6 +12,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from credit.data.credit_gen1 import CreditGen1Dataset
+from credit.data.credit_gen2 import CreditGen2Dataset
 from credit.data.dataset import ERA5Dataset, VariableSpec
 from credit.data.generate import generate_dataset
 
@@ -51,11 +52,21 @@ def ensure_dataset(data: DictConfig, is_main: bool) -> Path:
 
 
 CREDIT_FILE_ROLE = {"forcing": "dynamic_forcing"}  # data.variables.forcing: CREDIT's dynamic forcing
+CREDIT_GEN2_FILE_ROLE = {"upper_air": "prognostic", "surface": "prognostic", "forcing": "dynamic_forcing"}
 
 
 def role_files(data: DictConfig, role: str) -> list[Path]:
     """The files of a variable role of `data` (`data.files` or, for CREDIT's layout,
     `data.credit.files`), sorted; DataError when there are none."""
+    if data.layout == "credit-gen2":
+        from credit.data.catalog import DataError
+        from credit.data.credit_gen2 import template_files
+
+        key = CREDIT_GEN2_FILE_ROLE.get(role, role)
+        found = template_files(data.root, data.credit.files[key] or "") if data.credit.files[key] else []
+        if not found:
+            raise DataError(f"the CREDIT files of {key} ({data.credit.files[key]!r}) match no file")
+        return [path for path, _, _ in found]
     if data.layout == "credit-gen1":
         from credit.data.credit_gen1 import layout_role_files
 
@@ -78,7 +89,22 @@ def credit_gen1_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
     )
 
 
-def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1Dataset:
+def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len: int) -> CreditGen2Dataset:
+    """`data.layout=credit-gen2`: CREDIT's gen2 files over `period` with `forecast_len` target steps."""
+    v, credit = data.variables, data.credit
+    return CreditGen2Dataset(
+        data.root, files=dict(credit.files), prognostic_3d=list(v.upper_air), prognostic_2d=list(v.surface),
+        dynamic_forcing=list(v.forcing), static=list(v.static), diagnostic=list(v.diagnostic),
+        levels=list(data.levels), period=period, timestep=credit.timestep, level_coord=credit.level_coord,
+        stats_levels=None if credit.stats_levels is None else list(credit.stats_levels),
+        history_len=data.history_len, forecast_len=forecast_len,
+        clamp=None if credit.clamp is None else list(credit.clamp),
+    )
+
+
+def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1Dataset | CreditGen2Dataset:
+    if data.layout == "credit-gen2":
+        return credit_gen2_dataset(data, tuple(data[period_key]), data.forecast_len)
     if data.layout == "credit-gen1":
         return credit_gen1_dataset(data, tuple(data[period_key]), data.forecast_len)
     return ERA5Dataset(
@@ -96,7 +122,8 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1
     )
 
 
-def model_layout(data: DictConfig, dataset: ERA5Dataset | CreditGen1Dataset | None = None) -> dict[str, Any]:
+def model_layout(data: DictConfig,
+                 dataset: ERA5Dataset | CreditGen1Dataset | CreditGen2Dataset | None = None) -> dict[str, Any]:
     """The data layout `build_model` needs (channel counts, history, grid): the variables and
     levels of `data.*` on the grid of `dataset` (default: the training dataset of `data`)."""
     if dataset is None:

@@ -275,7 +275,7 @@ def _parse_grid(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-LAYOUTS = ["native", "credit-gen1"]  # --layout
+LAYOUTS = ["native", "credit-gen1", "credit-gen2"]  # --layout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,10 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--layout", choices=LAYOUTS, default="native",
-                        help="native (this project's files, default) or credit-gen1 (CREDIT's files and a "
-                             "CREDIT config, credit.yml)")
+                        help="native (this project's files, default), credit-gen1 or credit-gen2 (CREDIT's "
+                             "files and a CREDIT config of that schema, credit.yml)")
     try:
         args = parser.parse_args(argv)
+        if args.layout == "credit-gen2":
+            from credit.data.credit_gen2_generate import generate_credit_gen2
+
+            if args.time_range:
+                raise GenerateError("--layout credit-gen2 writes whole days: leave out --time-range")
+            path = generate_credit_gen2(args.out, grid=args.grid, years=args.years, levels=args.levels,
+                                        train_years=args.train_years, seed=args.seed, days_per_year=args.days_per_year,
+                                        progress=not args.no_progress, overwrite=args.overwrite,
+                                        file_format=args.format)
+            print(f"wrote CREDIT's gen2 layout to {path}; train on it with: credit train --credit-config "
+                  f"{path / 'credit.yml'}")
+            return 0
         if args.layout == "credit-gen1":
             from credit.data.credit_layout_generate import generate_credit_gen1
 

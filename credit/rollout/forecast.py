@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from credit.data import ERA5Dataset, variable_spec
-from credit.data.from_config import credit_gen1_dataset
+from credit.data.from_config import credit_gen1_dataset, credit_gen2_dataset
 from credit.models.inputs import predict
 from credit.rollout.errors import RolloutError
 
@@ -27,6 +27,8 @@ def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: i
     first = min(inits) - (data.history_len - 1) * step
     last = max(inits) + lead_steps * step
     iso = [str(np.datetime64(int(t), "ns").astype("datetime64[s]")) for t in (first, last)]
+    if data.layout == "credit-gen2":
+        return credit_gen2_dataset(data, (iso[0], iso[1]), forecast_len=1)
     if data.layout == "credit-gen1":
         if data.credit.skip_periods != 1:
             raise RolloutError(f"data.credit.skip_periods={data.credit.skip_periods}: forecasts step one file "

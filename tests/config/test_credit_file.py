@@ -53,9 +53,12 @@ def test_the_mapped_loss_equals_credits_with_latitude_and_variable_weights(case)
     torch.testing.assert_close(ours, fixture["cases"][case]["value"].to(ours.dtype), rtol=1e-6, atol=0)
 
 
-def test_every_table_row_names_a_credit_key_once():
-    keys = [rule.key for rule in TABLE]
-    assert len(keys) == len(set(keys))
+def test_every_table_row_names_a_credit_key_once_per_schema():
+    rows = [(rule.schema, rule.key) for rule in TABLE]
+    assert len(rows) == len(set(rows))
+    shared = {key for schema, key in rows if schema == ""}
+    assert not shared & {key for schema, key in rows if schema}, "a schema's row would shadow a shared one"
+    assert all(rule.schema in ("", "gen1", "gen2") for rule in TABLE)
     assert all(rule.convert is not None or rule.note for rule in TABLE)
 
 
@@ -139,7 +142,7 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
     ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
     ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4"),
     ({"trainer": {"compile": True}}, "trainer.compile: true"),
-    ({"data": {"source": {"ERA5": {}}}}, "data.source: CREDIT's gen2 data schema"),
+    ({"data": {"source": {"ERA5": {"dataset_type": "arco_era5"}}}}, "data.source.ERA5.dataset_type: 'arco_era5'"),
 ])
 def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_path, change, refusal):
     conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())

@@ -1,0 +1,411 @@
+"""CREDIT's gen2 ERA5 files (`data.source.ERA5`), read as CREDIT's gen2 dataset and its
+`era5_normalizer` and `concat` preblocks read them.
+
+Files: one path template per field type (prognostic, dynamic forcing, static, diagnostic) whose
+strftime codes (`%Y`, ...) are globbed; a template matching one file serves every time, several
+files each serve the period their name's date spells (a `%Y` file: its year). Times are read
+exactly (`sel(time=t)`); a 3-D variable's levels are picked nearest to the configured ones, in
+the configured order; a static file's time axis, if any, is dropped at its first entry.
+
+A sample starts at an init time `t0` of the master clock, `start + (history_len - 1) dt` ...
+`end - forecast_len dt` every `dt` (both ends inclusive, so a sample's last target may be the
+period's end), and may cross year files:
+
+- state frames at `t0 - (history_len - 1) dt ... t0`: each prognostic 3-D variable over the
+  levels (variable-major), then the prognostic 2-D ones;
+- targets at `t0 + dt ... t0 + forecast_len dt`: the state channels, then the diagnostic ones;
+- the forcing block at every input and target time: static, then dynamic forcing (CREDIT's
+  gen2 order); it travels as the sample's `forcing` (`credit.models.inputs.credit_input`
+  appends it to each frame's state as CREDIT's concat preblock does).
+
+Normalisation is the normaliser's float32 arithmetic: `(x - mean) / max(std, 1e-12)` with the
+statistics of the variable's bare name in both files (static and dynamic forcing too); a
+variable missing from either file passes through as stored. A 3-D variable's statistics are
+matched by position (`stats_levels`, 1-indexed, or the file's whole level axis), not by level
+value, as CREDIT matches them. `clamp` bounds every value afterwards.
+
+Hand-written rather than a generic xarray multi-file open: each sample reads a handful of exact
+times from the one file that holds each, which `open_mfdataset` would index across every file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import logging
+import re
+from datetime import datetime
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+
+log = logging.getLogger(__name__)
+
+ROLES = ("prognostic", "dynamic_forcing", "static", "diagnostic")
+_CODES = {"%Y": r"\d{4}", "%y": r"\d{2}", "%m": r"\d{2}", "%d": r"\d{2}", "%H": r"\d{2}", "%M": r"\d{2}",
+          "%S": r"\d{2}", "%j": r"\d{3}", "%f": r"\d{1,6}"}
+_FREQ = (("%S", "s"), ("%M", "min"), ("%H", "h"), ("%j", "D"), ("%d", "D"), ("%m", "M"))  # finest first
+_STD_FLOOR = np.float32(1e-12)
+
+
+def template_files(root: str | Path, template: str) -> list[tuple[Path, int, int]]:
+    """The files of a CREDIT path template with the [start, end] (ns) each serves, by start.
+
+    One match serves every time; several are dated by the template's strftime codes."""
+    full = template if Path(template).is_absolute() else str(Path(root) / template)
+    pattern = full
+    for code in _CODES:
+        pattern = pattern.replace(code, "*")
+    found = sorted(Path(p) for p in glob.glob(pattern))
+    if len(found) <= 1:
+        return [(p, np.iinfo(np.int64).min, np.iinfo(np.int64).max) for p in found]
+    codes = re.findall(r"%[A-Za-z]", full)
+    if not codes:
+        raise DataError(f"{template!r} matches {len(found)} files but holds no date code (%Y ...) to tell "
+                        "them apart")
+    first, last = full.index(codes[0]), full.rindex(codes[-1]) + 2
+    regex = re.compile(_as_regex(full[:first]) + "(" + _as_regex(full[first:last]) + ")" + _as_regex(full[last:]))
+    fmt = full[first:last]
+    freq = next((f for code, f in _FREQ if code in fmt), "Y")
+    spans = []
+    for path in found:
+        match = regex.fullmatch(str(path))
+        if match is None:
+            raise DataError(f"{path} matches the glob of {template!r} but not its date pattern")
+        try:
+            period = pd.Period(datetime.strptime(match.group(1), fmt), freq)
+        except ValueError as err:
+            raise DataError(f"{path}: the date {match.group(1)!r} does not read as {fmt!r} ({template!r}): "
+                            f"{err}") from None
+        spans.append((path, int(period.start_time.value), int(period.end_time.value)))
+    return sorted(spans, key=lambda span: span[1])
+
+
+def _as_regex(text: str) -> str:
+    """A piece of a path template as a regular expression: date codes as digits, glob
+    wildcards within one path component, everything else literal."""
+    out = ""
+    for piece in re.split(r"(%[A-Za-z])", text):
+        if piece in _CODES:
+            out += _CODES[piece]
+        else:
+            out += "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in piece)
+    return out
+
+
+def _f32(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+class CreditGen2Dataset(torch.utils.data.Dataset):
+    """Samples of CREDIT's gen2 files whose init times lie on the master clock of `period`
+    (ISO start, end; an end at day precision covers that day) every `timestep`.
+
+    `files` maps `prognostic`, `dynamic_forcing`, `static`, `diagnostic` to path templates
+    and `mean`, `std` to the normaliser's files (relative to `root` or absolute). `levels`
+    are picked nearest in the files' `level_coord` (None: the files' levels in file order);
+    `stats_levels` are the normaliser's 1-indexed positions on the statistics' level axis.
+    `forecast_len` counts target steps, as CREDIT's gen2 does. Raises :class:`DataError`
+    naming the file, variable or time of any mismatch with the files.
+    """
+
+    normalize = True  # the values are the normaliser's; rollout de-normalises with target_mean/std
+
+    def __init__(self, root: str | Path, *, files: Mapping[str, str | None], prognostic_3d: Sequence[str],
+                 prognostic_2d: Sequence[str], dynamic_forcing: Sequence[str], static: Sequence[str],
+                 diagnostic: Sequence[str], levels: Sequence[float] | None, period: tuple[str, str],
+                 timestep: str, level_coord: str = "level", stats_levels: Sequence[int] | None = None,
+                 history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None):
+        self.root = Path(root)
+        self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
+                          dynamic_forcing=list(dynamic_forcing), static=list(static), diagnostic=list(diagnostic))
+        if not self.names["upper_air"] and not self.names["surface"]:
+            raise DataError("CREDIT's gen2 data needs prognostic variables (vars_3D or vars_2D)")
+        if history_len < 1 or forecast_len < 1:
+            raise DataError(f"history_len={history_len} and forecast_len={forecast_len} must be >= 1")
+        self.history_len, self.forecast_len = int(history_len), int(forecast_len)
+        self.level_coord = level_coord
+        self.clamp = None if clamp is None else (float(clamp[0]), float(clamp[1]))
+        try:
+            self.step_ns = int(pd.Timedelta(timestep).value)
+        except ValueError as err:
+            raise DataError(f"timestep {timestep!r} is not a time span (e.g. '6h'): {err}") from None
+        if self.step_ns <= 0:
+            raise DataError(f"timestep {timestep!r} must be positive")
+        self._stores: dict[Path, object] = {}
+        self._time_rows: dict[Path, dict[int, int]] = {}
+        self.files = {role: self._role_files(files, role) for role in ("prognostic", "dynamic_forcing", "diagnostic")
+                      if self._has(role)}
+        self._static_path = self._role_files(files, "static")[0][0] if self.names["static"] else None
+        self._scan_grid(levels)
+        self._load_statistics(files, stats_levels)
+        self._static_values: np.ndarray | None = None
+        start, end = parse_period(tuple(period))
+        first = start + (self.history_len - 1) * self.step_ns
+        last = end - self.forecast_len * self.step_ns
+        self._inits = np.arange(first, last + 1, self.step_ns, dtype=np.int64) if last >= first else \
+            np.zeros(0, np.int64)
+        if len(self._inits) == 0:
+            raise DataError(f"no sample fits in period {list(period)}: a sample needs history_len - 1 = "
+                            f"{self.history_len - 1} steps before its init and forecast_len = {self.forecast_len} "
+                            f"after it, every {timestep}")
+
+    # ------------------------------------------------------------------ files
+    def _has(self, role: str) -> bool:
+        if role == "prognostic":
+            return bool(self.names["upper_air"] or self.names["surface"])
+        return bool(self.names[role])
+
+    def _role_files(self, files: Mapping[str, str | None], role: str) -> list[tuple[Path, int, int]]:
+        template = files.get(role)
+        if not template:
+            raise DataError(f"the {role} variables have no path: set data.source.ERA5.variables.{role}.path")
+        found = template_files(self.root, template)
+        if not found:
+            raise DataError(f"the {role} path {template!r} matches no file")
+        return found
+
+    def _store(self, path: Path):
+        if path not in self._stores:
+            self._stores[path] = open_store(path, cache=False)
+        return self._stores[path]
+
+    def _file_at(self, role: str, t: int) -> Path:
+        spans = self.files[role]
+        i = bisect.bisect_right([s for _, s, _ in spans], t) - 1
+        if i < 0 or t > spans[i][2]:
+            raise DataError(f"no {role} file holds {_iso(t)} ({[p.name for p, _, _ in spans[:3]]}"
+                            f"{' ...' if len(spans) > 3 else ''})")
+        return spans[i][0]
+
+    def _row(self, path: Path, t: int) -> int:
+        if path not in self._time_rows:
+            times = self._store(path)["time"].values.astype("datetime64[ns]").astype(np.int64)
+            self._time_rows[path] = {int(v): i for i, v in enumerate(times)}
+        row = self._time_rows[path].get(int(t))
+        if row is None:
+            raise DataError(f"{path} has no time {_iso(t)} (CREDIT reads every sample time exactly)")
+        return row
+
+    def _scan_grid(self, levels: Sequence[float] | None) -> None:
+        path = self.files["prognostic"][0][0]
+        ds = self._store(path)
+        for role, names in (("prognostic", self.names["upper_air"] + self.names["surface"]),
+                            ("dynamic_forcing", self.names["dynamic_forcing"]),
+                            ("diagnostic", self.names["diagnostic"])):
+            if names:
+                held = self._store(self.files[role][0][0])
+                missing = [v for v in names if v not in held.data_vars]
+                if missing:
+                    raise DataError(f"{self.files[role][0][0]} has no {role} variable {missing[0]!r}; it holds "
+                                    f"{sorted(held.data_vars)}")
+        self.lat_name = next((n for n in LAT_NAMES if n in ds.coords or n in ds.dims), None)
+        self.lon_name = next((n for n in LON_NAMES if n in ds.coords or n in ds.dims), None)
+        if self.lat_name is None or self.lon_name is None:
+            raise DataError(f"{path} has no latitude/longitude coordinate")
+        self._lat = np.asarray(ds[self.lat_name].values)
+        self._lon = np.asarray(ds[self.lon_name].values)
+        self.level_values: np.ndarray | None = None
+        self._level_rows: np.ndarray | None = None
+        if self.names["upper_air"]:
+            if self.level_coord not in ds.coords and self.level_coord not in ds.dims:
+                raise DataError(f"{path} has no level coordinate {self.level_coord!r} (level_coord)")
+            file_levels = np.asarray(ds[self.level_coord].values, dtype=np.float64)
+            wanted = file_levels if levels is None or len(levels) == 0 else np.asarray(levels, dtype=np.float64)
+            rows = np.abs(file_levels[None, :] - wanted[:, None]).argmin(axis=1)
+            snapped = [(float(w), float(file_levels[r])) for w, r in zip(wanted, rows) if file_levels[r] != w]
+            if snapped:  # CREDIT's sel(method="nearest") takes them silently
+                log.warning("levels %s are not in %s; CREDIT reads the nearest (%s), and so does this run",
+                            [w for w, _ in snapped], path.name, [f for _, f in snapped])
+            self._level_rows = rows
+            self.level_values = file_levels[rows]
+
+    def _load_statistics(self, files: Mapping[str, str | None], stats_levels: Sequence[int] | None) -> None:
+        self._mean: dict[str, np.ndarray] = {}
+        self._std: dict[str, np.ndarray] = {}
+        paths = []
+        for role in ("mean", "std"):
+            found = template_files(self.root, files[role]) if files.get(role) else []
+            if len(found) != 1:
+                raise DataError(f"the normaliser's {role}_path {files.get(role)!r} must name one file; it matches "
+                                f"{len(found)}")
+            paths.append(found[0][0])
+        mean_ds, std_ds = (open_store(p, cache=False) for p in paths)
+        try:
+            for var in [v for names in self.names.values() for v in names]:
+                if var not in mean_ds.data_vars or var not in std_ds.data_vars:
+                    continue  # CREDIT's normaliser passes it through as stored
+                stats = []
+                for path, ds in zip(paths, (mean_ds, std_ds)):
+                    values = _f32(ds[var].values)
+                    if values.ndim == 1 and values.shape[0] > 1 and stats_levels:
+                        rows = [int(p) - 1 for p in stats_levels]
+                        if min(rows) < 0 or max(rows) >= values.shape[0]:
+                            raise DataError(f"the normaliser's levels {list(stats_levels)} (1-indexed positions) "
+                                            f"fall outside {path}'s {values.shape[0]} levels of {var}")
+                        values = values[rows]
+                    if var in self.names["upper_air"] and values.ndim == 1 and values.shape[0] > 1:
+                        if values.shape[0] != len(self.level_values):
+                            raise DataError(f"{path}: {var} has {values.shape[0]} levels, the data "
+                                            f"{len(self.level_values)}; CREDIT matches them by position (give the "
+                                            "normaliser's `levels`)")
+                        values = values.reshape(-1, 1, 1)
+                    elif values.ndim == 1 and values.shape[0] > 1:
+                        raise DataError(f"{path}: {var} has {values.shape[0]} values on an axis; a 2-D variable's "
+                                        "statistics are one number or one per grid point")
+                    stats.append(values)
+                self._mean[var], self._std[var] = stats[0], np.maximum(stats[1], _STD_FLOOR)
+        finally:
+            mean_ds.close()
+            std_ds.close()
+
+    # ------------------------------------------------------------------ samples
+    def __len__(self) -> int:
+        return len(self._inits)
+
+    @property
+    def input_frames(self) -> int:
+        return self.history_len
+
+    def sample_times(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(input times, target times) of a sample, int64 ns."""
+        t0 = int(self._inits[index])
+        inputs = t0 + self.step_ns * np.arange(-(self.history_len - 1), 1, dtype=np.int64)
+        targets = t0 + self.step_ns * np.arange(1, self.forecast_len + 1, dtype=np.int64)
+        return inputs, targets
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        index = int(index) % len(self)
+        inputs, targets = self.sample_times(index)
+        state = np.stack([self._state(t, with_diagnostic=False) for t in inputs])
+        target = np.stack([self._state(t, with_diagnostic=True) for t in targets])
+        block = np.stack([self._forcing(t) for t in np.append(inputs, targets)])
+        if self.clamp is not None:
+            for array in (state, target, block):
+                np.clip(array, *self.clamp, out=array)
+        return {"state": torch.from_numpy(state), "forcing": torch.from_numpy(block),
+                "static": torch.zeros((0, *self.grid_shape)), "target": torch.from_numpy(target),
+                "time": torch.from_numpy(np.append(inputs, targets)),
+                "index": torch.tensor(index, dtype=torch.int64), "skipped": torch.tensor(0)}
+
+    def _normalized(self, var: str, values: np.ndarray) -> np.ndarray:
+        values = _f32(values)
+        if var not in self._mean:
+            return values
+        return (values - self._mean[var]) / self._std[var]
+
+    def _field(self, role: str, var: str, t: int) -> np.ndarray:
+        path = self._file_at(role, t)
+        da = self._store(path)[var].isel(time=self._row(path, t))
+        if var in self.names["upper_air"]:
+            da = da.transpose(self.level_coord, ...).isel({self.level_coord: self._level_rows})
+        return self._normalized(var, da.values)
+
+    def _state(self, t: int, with_diagnostic: bool) -> np.ndarray:
+        parts = [self._field("prognostic", v, t) for v in self.names["upper_air"]]
+        parts += [self._field("prognostic", v, t)[None] for v in self.names["surface"]]
+        if with_diagnostic:
+            parts += [self._field("diagnostic", v, t)[None] for v in self.names["diagnostic"]]
+        return np.concatenate(parts, axis=0)
+
+    def _forcing(self, t: int) -> np.ndarray:
+        parts = [self._static()] if self.names["static"] else []
+        parts += [self._field("dynamic_forcing", v, t)[None] for v in self.names["dynamic_forcing"]]
+        if not parts:
+            return np.zeros((0, *self.grid_shape), dtype=np.float32)
+        return np.concatenate(parts, axis=0)
+
+    def _static(self) -> np.ndarray:
+        if self._static_values is None:
+            ds = self._store(self._static_path)
+            values = []
+            for var in self.names["static"]:
+                if var not in ds.data_vars:
+                    raise DataError(f"{self._static_path} has no static variable {var!r}; it holds "
+                                    f"{sorted(ds.data_vars)}")
+                da = ds[var].isel(time=0) if "time" in ds[var].dims else ds[var]
+                values.append(self._normalized(var, da.values).reshape(self.grid_shape))
+            self._static_values = np.stack(values)
+        return self._static_values
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def times(self) -> np.ndarray:
+        """First input time of every sample, datetime64[ns]."""
+        return (self._inits - (self.history_len - 1) * self.step_ns).astype("datetime64[ns]")
+
+    @property
+    def levels(self) -> list[float]:
+        return [] if self.level_values is None else self.level_values.tolist()
+
+    @property
+    def variable_of_channel(self) -> dict[str, str]:
+        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
+        out = {f"{v}_{lv:g}": v for v in self.names["upper_air"] for lv in self.levels}
+        out.update({v: v for role in ("surface", "diagnostic", "dynamic_forcing", "static") for v in self.names[role]})
+        return out
+
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return (len(self._lat), len(self._lon))
+
+    @property
+    def latitude(self) -> np.ndarray:
+        return self._lat
+
+    @property
+    def longitude(self) -> np.ndarray:
+        return self._lon
+
+    def _channels(self, roles: Sequence[str]) -> list[str]:
+        names = [f"{v}_{lv:g}" for v in self.names["upper_air"] for lv in self.levels]
+        return names + [v for role in roles for v in self.names[role]]
+
+    @property
+    def state_channel_names(self) -> list[str]:
+        return self._channels(("surface",))
+
+    @property
+    def target_channel_names(self) -> list[str]:
+        return self._channels(("surface", "diagnostic"))
+
+    @property
+    def forcing_channel_names(self) -> list[str]:
+        return self.names["static"] + self.names["dynamic_forcing"]
+
+    def _stat(self, table: dict[str, np.ndarray], missing: float) -> np.ndarray:
+        values = []
+        for v in self.names["upper_air"]:
+            stat = table.get(v, np.full(1, missing, np.float32)).reshape(-1)
+            values.append(np.broadcast_to(stat, (len(self.levels),)) if stat.size == 1 else stat)
+        for v in self.names["surface"] + self.names["diagnostic"]:
+            stat = table.get(v, np.full(1, missing, np.float32))
+            if stat.size != 1:
+                raise DataError(f"{v}'s statistics vary over the grid; forecasts de-normalise one number per channel")
+            values.append(stat.reshape(1))
+        return np.concatenate(values).astype(np.float64)
+
+    @property
+    def target_mean(self) -> np.ndarray:
+        return self._stat(self._mean, 0.0)
+
+    @property
+    def target_std(self) -> np.ndarray:
+        return self._stat(self._std, 1.0)
+
+
+def _iso(t: int) -> str:
+    return str(np.datetime64(int(t), "ns").astype("datetime64[m]"))
