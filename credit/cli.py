@@ -143,7 +143,7 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     rest = [*args[:at], *args[at + 2:]]
     mapped = mapping.overrides
     if any(arg.startswith("parallelism=") for arg in rest):  # the layout the user picks wins whole
-        mapped = [o for o in mapped if not o.startswith("trainer.parallelism.data=")]
+        mapped = [o for o in mapped if not o.startswith(("trainer.parallelism.data=", "trainer.parallelism.tensor="))]
     return [*model_overrides, *mapped, *rest], lines
 
 

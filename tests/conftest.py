@@ -40,6 +40,7 @@ def tiny_overrides(tiny_data):
 # multi-rank test. A path listed here that no longer exists stops the collection.
 HEAVY = {
     "checkpoint/test_credit_start.py",
+    "config/test_credit_gen2_config.py",
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
     "manual/test_gpu_kit.py",

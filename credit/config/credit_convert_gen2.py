@@ -102,6 +102,12 @@ def file_levels(template: Any, coord: str) -> list[float] | str:
         return [float(v) for v in np.asarray(ds[coord].values)]
 
 
+def span(value: Any) -> pd.Timedelta:
+    """A CREDIT time span ('6h', '1d', '10d'): pandas reads it, days spelled either way."""
+    text = str(value).strip()
+    return pd.Timedelta(text[:-1] + "D" if text.endswith("d") else text)
+
+
 def timestamp(value: Any) -> str:
     """CREDIT parses datetimes with pandas: '2018-12-31' is that day's 00Z (never the whole day)."""
     return pd.Timestamp(str(value)).strftime("%Y-%m-%dT%H:%M:%S")
@@ -122,7 +128,7 @@ def period(section: str, target: str):
 
 def timestep(value: Any, conf: Mapping[str, Any]):
     try:
-        step = pd.Timedelta(str(value))
+        step = span(value)
     except ValueError:
         return f"data.timestep: {value!r} is not a time span (e.g. '6h')"
     if step <= pd.Timedelta(0):
@@ -143,8 +149,7 @@ def validation_data(value: Any, conf: Mapping[str, Any]):
         return "validation_data.source: differs from data.source; validation reads the training source here"
     if int(value.get("history_len", data.get("history_len", 1))) != int(data.get("history_len", 1)):
         return "validation_data.history_len: differs from data.history_len; validation here uses data.history_len"
-    if value.get("timestep") is not None and pd.Timedelta(str(value["timestep"])) != pd.Timedelta(
-            str(data.get("timestep"))):
+    if value.get("timestep") is not None and span(value["timestep"]) != span(data.get("timestep")):
         return "validation_data.timestep: differs from data.timestep"
     return period("validation_data", "data.valid_period")(None, {"validation_data": value})
 
@@ -214,11 +219,11 @@ def inference(value: Any, conf: Mapping[str, Any]):
     """CREDIT's gen2 `inference` (rollout_gen2): batch init dates every init_interval, forecast_length."""
     value = dict(value or {})
     mode = value.get("run_mode", "batch")
-    step = pd.Timedelta(str((conf.get("data") or {}).get("timestep", "6h")))
+    step = span((conf.get("data") or {}).get("timestep", "6h"))
     if mode == "batch":
         batch = dict(value.get("batch_forecast") or {})
         first, last = pd.Timestamp(str(batch["first_init_date"])), pd.Timestamp(str(batch["last_init_date"]))
-        every = pd.Timedelta(str(batch.get("init_interval", "24h")))
+        every = span(batch.get("init_interval", "24h"))
         inits = list(pd.date_range(first, last, freq=every)) if last >= first else []
         length = batch.get("forecast_length", "10d")
     elif mode == "single":
@@ -227,7 +232,7 @@ def inference(value: Any, conf: Mapping[str, Any]):
         length = single.get("forecast_length") or dict(value.get("batch_forecast") or {}).get("forecast_length", "10d")
     else:
         return f"inference.run_mode: {mode!r}; CREDIT's run modes are batch and single"
-    steps = int(pd.Timedelta(str(length)) / step)
+    steps = int(span(length) / step)
     if steps <= 0 or not inits:
         return f"inference: {len(inits)} init times of {steps} steps; nothing to forecast"
     pairs: list[tuple[str, Any]] = [("rollout.init_times", [t.strftime("%Y-%m-%dT%H:%M") for t in inits]),

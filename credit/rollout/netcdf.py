@@ -19,7 +19,7 @@ import xarray as xr
 from omegaconf import DictConfig
 
 from credit.data import role_files
-from credit.data.catalog import HOUR_NS, LAT_NAMES, LON_NAMES
+from credit.data.catalog import HOUR_NS, LAT_NAMES, LON_NAMES, open_store
 
 _TIME_UNITS = "hours since 1900-01-01 00:00:00"
 _OUTPUT_ROLES = ("upper_air", "surface", "diagnostic")
@@ -40,7 +40,7 @@ def input_attributes(data: DictConfig) -> InputAttributes:
     for role in _OUTPUT_ROLES:
         wanted = [v for v in data.variables[role] if v not in found.variables]
         for path in role_files(data, role) if wanted else []:
-            with xr.open_dataset(path, engine="netcdf4") as ds:
+            with open_store(path, cache=False) as ds:  # netCDF or zarr
                 for name in [v for v in wanted if v in ds.data_vars and v not in found.variables]:
                     found.variables[name] = dict(ds[name].attrs)
                 for out, candidates in (("latitude", LAT_NAMES), ("longitude", LON_NAMES),

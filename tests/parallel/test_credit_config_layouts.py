@@ -1,5 +1,6 @@
-"""Training from a CREDIT config file (`credit train --credit-config`, CREDIT's gen1 files as
-`credit data generate --layout credit-gen1` writes them) in deterministic mode gives the same
+"""Training from a CREDIT config file (`credit train --credit-config`, CREDIT's gen1 or gen2 files
+and config as `credit data generate --layout credit-gen1|credit-gen2` writes them) in
+deterministic mode gives the same
 bits in one process and on dp2 x tp2: every metric of every step and every tensor of the final
 checkpoint. Continuing CREDIT's own run from its checkpoint.pt (weights, AdamW state, step)
 gives the same bits in one process and at dp2 x tp2."""
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+
+import pytest
 
 from credit_fixtures import CHECKPOINT_RUN, credit_run_config
 from manual_scripts import run_script
@@ -21,9 +24,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env=ENV, timeout=600)
 
 
-def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path):
+@pytest.mark.parametrize("layout", ["credit-gen1", "credit-gen2"])
+def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path, layout):
     data = tmp_path / "data"
-    made = _cli("data", "generate", "--layout", "credit-gen1", "--out", str(data), "--grid", "8x16",
+    made = _cli("data", "generate", "--layout", layout, "--out", str(data), "--grid", "8x16",
                 "--years", "2000", "2001", "--levels", "500", "850", "--days-per-year", "3", "--no-progress")
     assert made.returncode == 0, made.stderr
     # spectral norm off: deterministic mode refuses it with dp > 1 (its backward reduces each
