@@ -50,7 +50,8 @@ def levels(value: Any, conf: Mapping[str, Any]):
 
 
 def forecast_len(value: Any, conf: Mapping[str, Any]):
-    return [("data.forecast_len", int(value) + 1)]  # CREDIT counts 0 for one step
+    # CREDIT counts 0 for one step; its trainer backpropagates each step's loss: their sum
+    return [("data.forecast_len", int(value) + 1), ("trainer.loss.forecast_steps", "sum")]
 
 
 def same_as(other: str) -> Convert:

@@ -137,7 +137,8 @@ def timestep(value: Any, conf: Mapping[str, Any]):
 
 
 def forecast_len(value: Any, conf: Mapping[str, Any]):
-    return [("data.forecast_len", int(value))]  # gen2 counts 1 for one step
+    # gen2 counts 1 for one step; its trainer backpropagates each step's loss: their sum
+    return [("data.forecast_len", int(value)), ("trainer.loss.forecast_steps", "sum")]
 
 
 def validation_data(value: Any, conf: Mapping[str, Any]):

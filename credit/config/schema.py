@@ -353,6 +353,9 @@ class LossConfig:
     # per variable: one weight, or one per level of an upper-air variable (CREDIT's); default 1.0
     variable_weights: Dict[str, Any] = field(default_factory=dict)
     normalize_variable_weights: bool = True  # divide by their mean (CREDIT: false, the weights as given)
+    # how a multi-step forecast's step losses combine: mean | sum (CREDIT's trainers: each
+    # step's loss backpropagated, i.e. summed)
+    forecast_steps: str = "mean"
 
 
 @dataclass

@@ -326,6 +326,8 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be in (0, 1)")
     _check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.function", trainer.loss.function,
            f"one of {', '.join(LOSS_FUNCTIONS)}")
+    _check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
+           trainer.loss.forecast_steps, "mean or sum")
     _check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
     for weight_name, weight in trainer.loss.variable_weights.items():
         values = list(weight) if OmegaConf.is_list(weight) or isinstance(weight, (list, tuple)) else [weight]

@@ -133,7 +133,8 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
                     step_batches.append(batch)
                     backward_micro_batch(model, batch, loss_fn, accum=trainer.grad_accum_steps,
                                          deterministic=deterministic,
-                                         step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps)
+                                         step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps,
+                                         forecast_steps=trainer.loss.forecast_steps)
                 update_parameters(model, optimizer, mesh, deterministic=deterministic, data=par.data,
                                   grad_clip=trainer.grad_clip)
                 if ema is not None:

@@ -14,8 +14,10 @@ def forecast_loss(
     model: nn.Module,
     batch: dict[str, torch.Tensor],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: str = "mean",
 ) -> torch.Tensor:
-    """Mean loss over `forecast_len` autoregressive steps.
+    """The loss over `forecast_len` autoregressive steps: their mean, or with `steps="sum"`
+    their sum (CREDIT's trainers backpropagate each step's loss).
 
     Each step's prediction is fed back, detached, as the newest history frame, so the
     gradient of a step stays within that step (the usual multi-step fine-tuning).
@@ -32,4 +34,4 @@ def forecast_loss(
         if step + 1 < forecast_len:
             newest = prediction[:, :state_channels].detach().unsqueeze(1)
             state = torch.cat([state[:, 1:], newest], dim=1)
-    return total / forecast_len
+    return total / forecast_len if steps == "mean" else total

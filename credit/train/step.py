@@ -19,19 +19,21 @@ from credit.train.losses import WeightedLoss
 
 
 def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: WeightedLoss, *,
-                         accum: int, deterministic: bool, step_samples: int) -> tuple[torch.Tensor, float | None]:
+                         accum: int, deterministic: bool, step_samples: int,
+                         forecast_steps: str = "mean") -> tuple[torch.Tensor, float | None]:
     """Forward and backward of one micro-batch. Returns (what the step's loss combines, the
     backward seed): the micro-batch's mean loss and None, or in deterministic mode its
     per-sample sums and the seed 1 / (`step_samples` x elements x forecast steps), the
     same constant in every layout (`step_samples`: every sample of the optimizer step,
     over micro-batches and dp replicas; no averaging over dp afterwards)."""
     if not deterministic:
-        loss = forecast_loss(model, batch, loss_fn)
+        loss = forecast_loss(model, batch, loss_fn, forecast_steps)
         (loss / accum).backward()
         return loss.detach(), None
     sums = forecast_sample_sums(model, batch, loss_fn.weighted_error)
     target = batch["target"]
-    scale = 1.0 / (step_samples * target[0, 0].numel() * target.shape[1])
+    steps = target.shape[1] if forecast_steps == "mean" else 1  # `sum`: the steps' losses added
+    scale = 1.0 / (step_samples * target[0, 0].numel() * steps)
     (tree_sum(list(sums.unbind(0))) * scale).backward()
     return sums.detach(), scale
 

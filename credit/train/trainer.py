@@ -325,7 +325,8 @@ class Trainer:
         accum = self.cfg.trainer.grad_accum_steps
         loss, self._loss_scale = backward_micro_batch(
             self.model, batch, self.loss_fn, accum=accum, deterministic=self.deterministic,
-            step_samples=self.sampler.global_batch_size * accum)
+            step_samples=self.sampler.global_batch_size * accum,
+            forecast_steps=self.cfg.trainer.loss.forecast_steps)
         return loss
 
     def _step_loss(self, losses: list[torch.Tensor]) -> float:

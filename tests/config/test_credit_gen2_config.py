@@ -130,3 +130,10 @@ def test_credits_bridgescaler_example_is_refused_naming_its_preblock():
     mapping = map_credit_file(WHOLE_FILES["config/gen_2/examples/example-v2026.2.yml"])
     assert mapping.refused[0].startswith("preblocks.per_step.scaler.type: 'bridgescaler_transform'")
     assert not map_credit_file(WHOLE_FILES["config/example-v2026.1.0.yml"]).refused  # gen1's example
+
+
+def test_credits_multistep_gen2_smoke_config_sums_its_steps():
+    mapping = map_credit_file(WHOLE_FILES["config/gen_2/smoke/smoke_gen2_multistep_casper.yml"])
+    assert mapping.refused == []
+    cfg = compose_config([*mapping.overrides, "run_dir=/tmp/unused"])
+    assert cfg.data.forecast_len == 2 and cfg.trainer.loss.forecast_steps == "sum"
