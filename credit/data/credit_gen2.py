@@ -51,6 +51,13 @@ _CODES = {"%Y": r"\d{4}", "%y": r"\d{2}", "%m": r"\d{2}", "%d": r"\d{2}", "%H": 
           "%S": r"\d{2}", "%j": r"\d{3}", "%f": r"\d{1,6}"}
 _FREQ = (("%S", "s"), ("%M", "min"), ("%H", "h"), ("%j", "D"), ("%d", "D"), ("%m", "M"))  # finest first
 _STD_FLOOR = np.float32(1e-12)
+_WARNED: set[str] = set()  # one warning per process for each finding (train and valid read the same files)
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
 
 
 def template_files(root: str | Path, template: str) -> list[tuple[Path, int, int]]:
@@ -220,8 +227,8 @@ class CreditGen2Dataset(torch.utils.data.Dataset):
             rows = np.abs(file_levels[None, :] - wanted[:, None]).argmin(axis=1)
             snapped = [(float(w), float(file_levels[r])) for w, r in zip(wanted, rows) if file_levels[r] != w]
             if snapped:  # CREDIT's sel(method="nearest") takes them silently
-                log.warning("levels %s are not in %s; CREDIT reads the nearest (%s), and so does this run",
-                            [w for w, _ in snapped], path.name, [f for _, f in snapped])
+                _warn_once(f"levels {[w for w, _ in snapped]} are not in {path.name}; CREDIT reads the nearest "
+                           f"({[f for _, f in snapped]}), and so does this run")
             self._level_rows = rows
             self.level_values = file_levels[rows]
 
@@ -243,12 +250,14 @@ class CreditGen2Dataset(torch.utils.data.Dataset):
                 stats = []
                 for path, ds in zip(paths, (mean_ds, std_ds)):
                     values = _f32(ds[var].values)
+                    rows = list(range(values.shape[0])) if values.ndim == 1 else []
                     if values.ndim == 1 and values.shape[0] > 1 and stats_levels:
                         rows = [int(p) - 1 for p in stats_levels]
                         if min(rows) < 0 or max(rows) >= values.shape[0]:
                             raise DataError(f"the normaliser's levels {list(stats_levels)} (1-indexed positions) "
                                             f"fall outside {path}'s {values.shape[0]} levels of {var}")
                         values = values[rows]
+                    self._check_stat_levels(path, ds[var], rows)
                     if var in self.names["upper_air"] and values.ndim == 1 and values.shape[0] > 1:
                         if values.shape[0] != len(self.level_values):
                             raise DataError(f"{path}: {var} has {values.shape[0]} levels, the data "
@@ -263,6 +272,18 @@ class CreditGen2Dataset(torch.utils.data.Dataset):
         finally:
             mean_ds.close()
             std_ds.close()
+
+    def _check_stat_levels(self, path: Path, stat, rows: list[int]) -> None:
+        """CREDIT matches statistics to levels by position; say so when their own level
+        coordinate, read at those positions, names other levels than the data's."""
+        coord = next((c for c in (self.level_coord, "level") if c in stat.coords), None)
+        if coord is None or self.level_values is None or len(rows) != len(self.level_values):
+            return
+        levels = np.asarray(stat[coord].values, dtype=np.float64)[rows]
+        if not np.array_equal(levels, self.level_values):
+            _warn_once(f"{path.name}: the statistics at the data's level positions are for levels {levels.tolist()}, "
+                       f"the data are on {self.level_values.tolist()}; CREDIT's normaliser matches them by "
+                       "position (its `levels`), and so does this run")
 
     # ------------------------------------------------------------------ samples
     def __len__(self) -> int:
