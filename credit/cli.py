@@ -158,11 +158,10 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
         overrides, _ = _credit_config(overrides)
         cfg = compose_config(overrides)
         if nproc is not None:
-            from credit.parallel.mesh import deterministic_spectral_norm, resolve_layout
+            from credit.parallel.mesh import resolve_layout
 
             par = cfg.trainer.parallelism
-            resolve_layout(nproc, par.data, par.tensor,
-                           deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
+            resolve_layout(nproc, par.data, par.tensor)
     except (ConfigError, ValueError) as error:
         return _fail(str(error)), None
     if nproc is not None and nproc > 1:
@@ -304,10 +303,9 @@ def _probe(args: Sequence[str]) -> int:
         cfg.diagnostics.sdc.checks = (["comm"] if world > 1 else []) + \
             (["replica"] if tensor > 1 else []) + ["compute"]
         if nproc is not None:
-            from credit.parallel.mesh import deterministic_spectral_norm, resolve_layout
+            from credit.parallel.mesh import resolve_layout
 
-            resolve_layout(nproc, "fsdp2", cfg.trainer.parallelism.tensor,
-                           deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
+            resolve_layout(nproc, "fsdp2", cfg.trainer.parallelism.tensor)
     except (ConfigError, ValueError) as error:
         return _fail(str(error))
     flags = [f"{k}={v}" for k, v in sizes.items()]

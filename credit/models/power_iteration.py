@@ -124,34 +124,45 @@ def sigma(w: torch.Tensor, u: torch.Tensor, v: torch.Tensor, block: Block, produ
     return products.dot(u, wv)
 
 
+def normalization_backward(w: torch.Tensor, grad: torch.Tensor, u: torch.Tensor, v: torch.Tensor, s: torch.Tensor,
+                           block: Block, products: Products) -> torch.Tensor:
+    """dL/dW = G / σ - (Σ G∘W / σ²) u vᵀ for G = dL/d(W/σ) (float32), the sum over the whole
+    W: row sums of the block, made whole like W v, then added in a fixed order."""
+    g, w32 = grad.float(), w.float()
+    ones = torch.ones(w32.shape[1], dtype=torch.float32, device=w32.device)
+    row_sums = _whole(products.mv(g * w32, ones), block, split_by_block=block.split == "rows")
+    total = products.dot(row_sums, torch.ones_like(row_sums))
+    outer = torch.outer(_rows(u, w32, block), _cols(v, w32, block))
+    return g / s - (total / (s * s)) * outer
+
+
 class _Normalize(torch.autograd.Function):
-    """W / σ with σ = uᵀ W v (u, v constants). Backward, for G = dL/d(W/σ):
-    dL/dW = G / σ - (Σ G∘W / σ²) u vᵀ, the sum over the whole W (row sums of the block,
-    made whole like W v, then added in a fixed order)."""
+    """W / σ with σ = uᵀ W v (u, v constants); backward `normalization_backward`. With a
+    `deferred` dict the backward hands G = dL/d(W/σ) on unchanged and the forward leaves σ,
+    u, v in the dict, for `normalization_backward` once G is summed over every sample
+    (`credit.models.spectral_norm.finish_spectral_norm_gradients`)."""
 
     @staticmethod
-    def forward(ctx, w, u, v, block, products, wv):  # type: ignore[override]
+    def forward(ctx, w, u, v, block, products, wv, deferred):  # type: ignore[override]
         s = sigma(w, u, v, block, products, wv)
         ctx.save_for_backward(w, u, v, s)
-        ctx.block, ctx.products = block, products
+        ctx.block, ctx.products, ctx.deferred = block, products, deferred is not None
+        if deferred is not None:
+            deferred.update(s=s, u=u, v=v)
         return (w.float() / s).to(w.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
+        if ctx.deferred:
+            return grad, None, None, None, None, None, None
         w, u, v, s = ctx.saved_tensors
-        block, products = ctx.block, ctx.products
-        g, w32 = grad.float(), w.float()
-        ones = torch.ones(w32.shape[1], dtype=torch.float32, device=w32.device)
-        row_sums = _whole(products.mv(g * w32, ones), block, split_by_block=block.split == "rows")
-        total = products.dot(row_sums, torch.ones_like(row_sums))
-        outer = torch.outer(_rows(u, w32, block), _cols(v, w32, block))
-        grad_w = g / s - (total / (s * s)) * outer
-        return grad_w.to(w.dtype), None, None, None, None, None
+        grad_w = normalization_backward(w, grad, u, v, s, ctx.block, ctx.products)
+        return grad_w.to(w.dtype), None, None, None, None, None, None
 
 
 def normalized(w: torch.Tensor, u: torch.Tensor, v: torch.Tensor, block: Block,
-               products: Products, wv: torch.Tensor | None = None) -> torch.Tensor:
+               products: Products, wv: torch.Tensor | None = None, deferred: dict | None = None) -> torch.Tensor:
     """The local block of W / σ, differentiable in `w` (u and v are read, not changed);
-    `wv`: W v when already known (saves its collective)."""
-    return _Normalize.apply(w, u.detach().clone(), v.detach().clone(), block, products, wv)
+    `wv`: W v when already known (saves its collective); `deferred`: see `_Normalize`."""
+    return _Normalize.apply(w, u.detach().clone(), v.detach().clone(), block, products, wv, deferred)

@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from credit.models.power_iteration import WHOLE, Block, Products, normalized, power_iterate, sigma
+from credit.models.power_iteration import (WHOLE, Block, Products, normalization_backward, normalized, power_iterate,
+                                           sigma)
 
 INIT_ITERATIONS = 15  # at construction, so σ is accurate from the first step
 _LAYERS = (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)
@@ -83,6 +84,7 @@ class SpectralNormed:
     sn_eps: float
     sn_products: Products
     sn_due: bool
+    sn_deferred: dict | None = None  # see defer_spectral_norm_backward
 
     def _matrix(self, w: torch.Tensor) -> torch.Tensor:
         if self.sn_dim:
@@ -111,7 +113,8 @@ class SpectralNormed:
         wv = None
         if update:
             wv = power_iterate(matrix, u, v, block, self.sn_products, self.sn_iterations, self.sn_eps)
-        return wrap(self._unmatrix(normalized(matrix, u, v, block, self.sn_products, wv), local.shape))
+        deferred = self.sn_deferred if self.training and torch.is_grad_enabled() else None
+        return wrap(self._unmatrix(normalized(matrix, u, v, block, self.sn_products, wv, deferred), local.shape))
 
     def forward(self, *args, **kwargs):
         update = self.training and self.sn_due
@@ -169,6 +172,48 @@ def apply_spectral_norm(model: nn.Module, *, deterministic: bool = False) -> nn.
         if isinstance(module, _LAYERS) and not has_spectral_norm(module):
             spectral_normalize(module, deterministic=deterministic)
     return model
+
+
+def defer_spectral_norm_backward(model: nn.Module) -> int:
+    """Deterministic mode: each normalised layer's backward hands on G = dL/d(W/σ) unchanged,
+    so the data-parallel tree (and micro-batch accumulation) sums G, which is linear in the
+    samples, and `finish_spectral_norm_gradients` applies the normalisation's backward once,
+    to the summed G of the whole step: the same bits at every dp size, as in one process.
+    (Applied per rank, the backward is not linear in float32: no split of the batch would be
+    bitwise.) Returns the number of normalised layers."""
+    layers = [m for m in model.modules() if has_spectral_norm(m)]
+    for module in layers:
+        if module.sn_deferred is None:
+            module.sn_deferred = {}
+    return len(layers)
+
+
+def finish_spectral_norm_gradients(model: nn.Module) -> int:
+    """After the gradients are summed over every sample and rank: turn each deferred layer's
+    G into dL/dW with the σ, u, v of its training forward, on the whole weight (gathered
+    when sharded: the one-process arithmetic), keeping this rank's part. Returns the number
+    of gradients finished."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    finished = 0
+    for module in model.modules():
+        deferred = getattr(module, "sn_deferred", None)
+        weight = module._parameters.get("weight") if deferred else None
+        if weight is None or weight.grad is None or not deferred:
+            continue
+        grad = weight.grad
+        whole_g = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        whole_w = weight.detach().full_tensor() if isinstance(weight, DTensor) else weight.detach()
+        matrix = normalization_backward(module._matrix(whole_w), module._matrix(whole_g), _local(deferred["u"]),
+                                        _local(deferred["v"]), _local(deferred["s"]), WHOLE, module.sn_products)
+        result = module._unmatrix(matrix, whole_w.shape).to(grad.dtype)
+        if isinstance(grad, DTensor):
+            result = distribute_tensor(result, grad.device_mesh, grad.placements, src_data_rank=None).to_local()
+            grad.to_local().copy_(result)
+        else:
+            grad.copy_(result)
+        finished += 1
+    return finished
 
 
 def advance_spectral_norm(model: nn.Module) -> int:

@@ -27,15 +27,13 @@ class ParallelLayout:
     data: str
 
 
-def resolve_layout(world_size: int, data: str, tensor: int, *,
-                   deterministic_spectral_norm: bool = False) -> ParallelLayout:
+def resolve_layout(world_size: int, data: str, tensor: int) -> ParallelLayout:
     """dp = world_size / tensor; raise ConfigError naming the key when that cannot work.
 
     `data` and `tensor` are validated values (`credit.config.validate`: a known mode,
     tensor >= 1). This is the one home of the rules that depend on the world size: the CLI
     calls it before launching ranks, and every rank once in `build_runtime`, before any
-    process-group work. `deterministic_spectral_norm`: model.gemm=deterministic with
-    model.use_spectral_norm=true, which is bitwise only without data parallelism."""
+    process-group work."""
     if world_size % tensor:
         raise ConfigError(
             f"trainer.parallelism.tensor={tensor} does not divide the world size {world_size} "
@@ -48,20 +46,7 @@ def resolve_layout(world_size: int, data: str, tensor: int, *,
             f"leaves {dp} data-parallel replicas unsynchronised; use data=ddp or fsdp2, or "
             f"tensor={world_size}"
         )
-    if deterministic_spectral_norm and dp > 1:
-        # the spectral norm's backward runs on each replica's part of the weight gradient,
-        # before the dp sum, and is not linear in float32: no split of the batch is bitwise
-        raise ConfigError(
-            f"model.use_spectral_norm=true with model.gemm=deterministic is bitwise only without "
-            f"data parallelism, but world size {world_size} / tensor={tensor} gives dp={dp}; set "
-            f"model.use_spectral_norm=false, run dp=1 (tensor={world_size}), or use model.gemm=fast"
-        )
     return ParallelLayout(world_size=world_size, dp=dp, tp=tensor, data=data)
-
-
-def deterministic_spectral_norm(model: Any) -> bool:
-    """Whether `model.*` asks for spectral norm in deterministic mode (see resolve_layout)."""
-    return model.get("gemm") == "deterministic" and bool(model.get("use_spectral_norm", False))
 
 
 def launched_world_size() -> int:

@@ -17,7 +17,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from credit.parallel.mesh import (
     ParallelLayout,
     build_device_mesh,
-    deterministic_spectral_norm,
     init_distributed,
     launched_world_size,
     resolve_layout,
@@ -52,8 +51,7 @@ def build_runtime(cfg: DictConfig) -> Runtime:
     process group and build the named (dp, tp) mesh; a single process gets no mesh."""
     device = resolve_device(cfg.trainer.device)
     par = cfg.trainer.parallelism
-    layout = resolve_layout(launched_world_size(), par.data, par.tensor,
-                            deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
+    layout = resolve_layout(launched_world_size(), par.data, par.tensor)
     rank, _ = init_distributed(device)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())

@@ -26,7 +26,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # importing i
 
 from credit.config import ConfigError
 from credit.models import EMA, advance_spectral_norm, build_model
-from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, deterministic_spectral_norm, resolve_layout
+from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, resolve_layout
 from credit.plan.comm import CommVolume
 from credit.plan.memory import StorageBytes
 from credit.plan.shapes import SampleShapes
@@ -98,8 +98,7 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
     par, trainer = cfg.trainer.parallelism, cfg.trainer
     check_traceable(cfg)
     deterministic = False
-    layout = resolve_layout(world, par.data, par.tensor,
-                            deterministic_spectral_norm=deterministic_spectral_norm(cfg.model))
+    layout = resolve_layout(world, par.data, par.tensor)
     with fake_process_group(world):
         mesh = build_device_mesh(layout, "cpu") if world > 1 else None
         with torch.device("meta"):

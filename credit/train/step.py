@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from credit.kernels.gemm._tree import tree_sum
+from credit.models.spectral_norm import defer_spectral_norm_backward, finish_spectral_norm_gradients
 from credit.parallel import clip_grad_norm_, sync_replicated_gradients
 from credit.parallel.exact_norm import clip_grad_norm_exact_
 from credit.parallel.tree_reduce import tree_all_reduce_gradients
@@ -30,6 +31,7 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
         loss = forecast_loss(model, batch, loss_fn, forecast_steps)
         (loss / accum).backward()
         return loss.detach(), None
+    defer_spectral_norm_backward(model)  # finished once G is summed (update_parameters)
     sums = forecast_sample_sums(model, batch, loss_fn.weighted_error)
     target = batch["target"]
     steps = target.shape[1] if forecast_steps == "mean" else 1  # `sum`: the steps' losses added
@@ -48,6 +50,8 @@ def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: 
         if deterministic and data == "ddp":
             tree_all_reduce_gradients(list(model.parameters()), mesh["dp"].get_group())
         sync_replicated_gradients(model, mesh["tp"])
+    if deterministic:
+        finish_spectral_norm_gradients(model)
     max_norm = grad_clip if grad_clip > 0 else math.inf
     if deterministic:
         grad_norm = clip_grad_norm_exact_(model.parameters(), max_norm, dynamic_scale)

@@ -30,9 +30,8 @@ def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path, lay
     made = _cli("data", "generate", "--layout", layout, "--out", str(data), "--grid", "8x16",
                 "--years", "2000", "2001", "--levels", "500", "850", "--days-per-year", "3", "--no-progress")
     assert made.returncode == 0, made.stderr
-    # spectral norm off: deterministic mode refuses it with dp > 1 (its backward reduces each
-    # rank's own gradient before the ranks are summed)
-    common = ["--credit-config", str(data / "credit.yml"), "model.gemm=deterministic", "model.use_spectral_norm=false",
+    # the generated config's crossformer has spectral norm on, as CREDIT's production configs do
+    common = ["--credit-config", str(data / "credit.yml"), "model.gemm=deterministic",
               "model.dim=[16,32,64,128]", "model.dim_head=8", "trainer.max_steps=2", "trainer.steps_per_job=0",
               "trainer.progress_bar=false", "trainer.checkpoint.every_n_steps=0"]
     single = _cli("train", *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'single'}")
