@@ -19,6 +19,8 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from credit.kernels import elementwise
+
 _BINS = 256  # float32 exponent fields
 _CHUNK = 1 << 18  # elements per pass: cache-sized temporaries; float64 bin sums stay exact
 # m = hi * 2**12 + lo, so m**2 = hi**2 * 2**24 + 2 * hi * lo * 2**12 + lo**2: three products
@@ -33,8 +35,17 @@ def _int32(value: int) -> torch.Tensor:
 
 def _bins(t: torch.Tensor) -> torch.Tensor:
     """(3, 256) int64: per float32 exponent field, the sums of hi**2, hi*lo and lo**2 over
-    the elements' 24-bit significands m = hi * 2**12 + lo."""
+    the elements' 24-bit significands m = hi * 2**12 + lo (on the CPU in one fused pass,
+    `credit.kernels.elementwise`)."""
     flat = t.detach().reshape(-1).to(torch.float32)
+    kernel = elementwise.fused(flat)
+    if kernel is not None:
+        return kernel.det_square_bins(flat)
+    return bins_torch(flat)
+
+
+def bins_torch(flat: torch.Tensor) -> torch.Tensor:
+    """`_bins` with torch's ops, on any device."""
     # bins are integer sums below 2**53, so any order of addition (a GPU's atomics included)
     # gives the same result; only torch's deterministic-algorithms switch refuses a CUDA
     # bincount with weights, and then the counting runs on the host

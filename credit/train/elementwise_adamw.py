@@ -6,8 +6,9 @@ chunks, tensor-parallel shards) moves elements between body and tail, so the sam
 could be updated with different bits in different layouts. Each op here (multiply, add,
 divide, square root by a tensor or a scalar) is one IEEE rounding in either loop, run as
 torch's list-wide `_foreach_*` ops (the same single-rounding op per element, fewer calls).
-Same state keys as `torch.optim.AdamW` (step, exp_avg, exp_avg_sq), so checkpoints load
-either way. The update runs on local shards where the layouts allow
+On the CPU the same operations run in one fused pass per tensor
+(`credit.kernels.elementwise`), with the same bits. Same state keys as `torch.optim.AdamW`
+(step, exp_avg, exp_avg_sq), so checkpoints load either way. The update runs on local shards where the layouts allow
 (`credit.train.shard_local`): the same bits, without DTensor's sharding propagation.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
+from credit.kernels import elementwise
 from credit.train.shard_local import local_rows
 
 
@@ -45,6 +47,19 @@ class ElementwiseAdamW(torch.optim.Optimizer):
         return None
 
     def _update(self, rows: list[list[torch.Tensor]], steps: list[float], group: dict) -> None:
+        lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        rest = []
+        for row, step in zip(rows, steps):
+            kernel = elementwise.fused(*row)
+            if kernel is None:
+                rest.append((row, step))
+                continue
+            kernel.det_adamw(*row, 1.0 - lr * decay, bool(decay), beta1, 1.0 - beta1, beta2, 1.0 - beta2,
+                             1.0 - beta1**step, 1.0 - beta2**step, eps, lr)
+        if rest:
+            self._update_foreach([row for row, _ in rest], [step for _, step in rest], group)
+
+    def _update_foreach(self, rows: list[list[torch.Tensor]], steps: list[float], group: dict) -> None:
         lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         params, grads, exp_avg, exp_avg_sq = (list(column) for column in zip(*rows))
         if decay:
