@@ -50,7 +50,11 @@ def load() -> ModuleType | None:
 
 
 def fused(*tensors: torch.Tensor) -> ModuleType | None:
-    """The extension when every tensor is a contiguous float32 CPU tensor, else None."""
-    if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+    """The extension when every tensor is a plain contiguous float32 CPU tensor (not a
+    DTensor, whose data lives on its local shard), else None."""
+    from torch.distributed.tensor import DTensor
+
+    if not all(not isinstance(t, DTensor) and t.device.type == "cpu" and t.dtype == torch.float32
+               and t.is_contiguous() for t in tensors):
         return None
     return load()
