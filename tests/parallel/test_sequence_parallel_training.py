@@ -1,7 +1,7 @@
 """Sequence parallelism through `credit train`, fast mode: CREDIT's wxformer earth-padded
 to 32x32 runs whole on rows at dp2 x tp2 (FSDP2: the convolution blocks' partial gradients
 summed over tp by the reduce-scatter's divide factor, the norms' by the trainer's tp sync),
-and gives one process's per-step losses within the README's 1e-5 relative; its checkpoint
+and gives one process's per-step losses within the 1e-5 relative of docs/parallelism.md; its checkpoint
 resumes at dp4 without sequence parallelism."""
 
 import os

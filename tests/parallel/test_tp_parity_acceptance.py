@@ -51,7 +51,7 @@ def parity_runs(tiny_data, tmp_path_factory):
 
 
 def test_tp1_and_tp2_losses_match_within_the_readme_tolerance(parity_runs):
-    """README: the default experiment in one process (tp1) and on dp2 x tp2 gives the same
+    """docs/training.md: the default experiment in one process (tp1) and on dp2 x tp2 gives the same
     per-step losses within 1e-5 relative (float32 reassociation in the reductions)."""
     root = parity_runs["root"]
     result = _check(root / "serial", root / "tp2", "--rtol", "1e-5")
