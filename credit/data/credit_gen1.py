@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+from .credit_layout import CreditLayout
 
 FILE_ROLES = ("upper_air", "surface", "dynamic_forcing", "diagnostic")  # yearly files, paired by year
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")
@@ -66,7 +67,7 @@ def _normalize(values: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndar
     return ((values.astype(dtype, copy=False) - mean.astype(dtype)) / std.astype(dtype)).astype(np.float32)
 
 
-class CreditGen1Dataset(torch.utils.data.Dataset):
+class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
     """Samples of CREDIT's gen1 ERA5 files whose times all lie in `period` (inclusive ISO
     start, end; an end at day precision covers that day), from the yearly files of its years.
 
@@ -311,49 +312,6 @@ class CreditGen1Dataset(torch.utils.data.Dataset):
     def times(self) -> np.ndarray:
         """First input time of every sample, datetime64[ns]."""
         return np.array([self._file_times[f][s] for f, s in self._starts], dtype=np.int64).astype("datetime64[ns]")
-
-    @property
-    def levels(self) -> list[float]:
-        return [] if self.level_values is None else self.level_values.tolist()
-
-    @property
-    def variable_of_channel(self) -> dict[str, str]:
-        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
-        out = {f"{v}_{lv:g}": v for v in self.names["upper_air"] for lv in self.levels}
-        out.update({v: v for role in ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
-                    for v in self.names[role]})
-        return out
-
-    def close(self) -> None:
-        """Close this process's file handles (they reopen on the next read)."""
-        for store in self._stores.values():
-            store.close()
-        self._stores.clear()
-
-    @property
-    def grid_shape(self) -> tuple[int, int]:
-        return (len(self._lat), len(self._lon))
-
-    @property
-    def latitude(self) -> np.ndarray:
-        return self._lat
-
-    @property
-    def longitude(self) -> np.ndarray:
-        return self._lon
-
-    def _channels(self, roles: Sequence[str]) -> list[str]:
-        names = [f"{v}_{lv:g}" for v in self.names["upper_air"] for lv in (self.level_values if self.level_values
-                                                                             is not None else [])]
-        return names + [v for role in roles for v in self.names[role]]
-
-    @property
-    def state_channel_names(self) -> list[str]:
-        return self._channels(("surface",))
-
-    @property
-    def target_channel_names(self) -> list[str]:
-        return self._channels(("surface", "diagnostic"))
 
     @property
     def forcing_channel_names(self) -> list[str]:

@@ -34,8 +34,8 @@ import bisect
 import glob
 import logging
 import re
-from datetime import datetime
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 
 from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+from .credit_layout import CreditLayout
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _f32(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
-class CreditGen2Dataset(torch.utils.data.Dataset):
+class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     """Samples of CREDIT's gen2 files whose init times lie on the master clock of `period`
     (ISO start, end; an end at day precision covers that day) every `timestep`.
 
@@ -361,47 +362,6 @@ class CreditGen2Dataset(torch.utils.data.Dataset):
     def times(self) -> np.ndarray:
         """First input time of every sample, datetime64[ns]."""
         return (self._inits - (self.history_len - 1) * self.step_ns).astype("datetime64[ns]")
-
-    @property
-    def levels(self) -> list[float]:
-        return [] if self.level_values is None else self.level_values.tolist()
-
-    @property
-    def variable_of_channel(self) -> dict[str, str]:
-        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
-        out = {f"{v}_{lv:g}": v for v in self.names["upper_air"] for lv in self.levels}
-        out.update({v: v for role in ("surface", "diagnostic", "dynamic_forcing", "static") for v in self.names[role]})
-        return out
-
-    def close(self) -> None:
-        """Close this process's file handles (they reopen on the next read)."""
-        for store in self._stores.values():
-            store.close()
-        self._stores.clear()
-
-    @property
-    def grid_shape(self) -> tuple[int, int]:
-        return (len(self._lat), len(self._lon))
-
-    @property
-    def latitude(self) -> np.ndarray:
-        return self._lat
-
-    @property
-    def longitude(self) -> np.ndarray:
-        return self._lon
-
-    def _channels(self, roles: Sequence[str]) -> list[str]:
-        names = [f"{v}_{lv:g}" for v in self.names["upper_air"] for lv in self.levels]
-        return names + [v for role in roles for v in self.names[role]]
-
-    @property
-    def state_channel_names(self) -> list[str]:
-        return self._channels(("surface",))
-
-    @property
-    def target_channel_names(self) -> list[str]:
-        return self._channels(("surface", "diagnostic"))
 
     @property
     def forcing_channel_names(self) -> list[str]:

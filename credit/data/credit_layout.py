@@ -1,0 +1,60 @@
+"""What CREDIT's two dataset readers (`credit_gen1`, `credit_gen2`) share: the grid, the
+levels and the channel names of a sample, from the reader's `names` (role -> variables),
+`level_values`, `_lat`, `_lon` and `_stores` (open files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+_OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
+
+
+class CreditLayout:
+    names: dict[str, list[str]]
+    level_values: np.ndarray | None
+    _lat: np.ndarray
+    _lon: np.ndarray
+    _stores: dict
+
+    @property
+    def levels(self) -> list[float]:
+        return [] if self.level_values is None else self.level_values.tolist()
+
+    @property
+    def variable_of_channel(self) -> dict[str, str]:
+        """Channel name -> variable name, for every state, diagnostic, forcing and static channel."""
+        out = {f"{v}_{lv:g}": v for v in self.names["upper_air"] for lv in self.levels}
+        out.update({v: v for role in _OTHER_ROLES for v in self.names.get(role, [])})
+        return out
+
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return (len(self._lat), len(self._lon))
+
+    @property
+    def latitude(self) -> np.ndarray:
+        return self._lat
+
+    @property
+    def longitude(self) -> np.ndarray:
+        return self._lon
+
+    def _channels(self, roles: Sequence[str]) -> list[str]:
+        names = [f"{v}_{lv:g}" for v in self.names["upper_air"] for lv in self.levels]
+        return names + [v for role in roles for v in self.names[role]]
+
+    @property
+    def state_channel_names(self) -> list[str]:
+        return self._channels(("surface",))
+
+    @property
+    def target_channel_names(self) -> list[str]:
+        return self._channels(("surface", "diagnostic"))
