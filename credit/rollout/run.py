@@ -182,7 +182,7 @@ def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
             path = result.output_dir / forecast_filename(init)
             ds = forecast_dataset(
                 np.stack(predictions), init=init, step=dataset.step_ns, upper_air=upper,
-                levels=list(data.levels), flat=flat, latitude=dataset.latitude,
+                levels=list(dataset.levels), flat=flat, latitude=dataset.latitude,
                 longitude=dataset.longitude, attributes=attributes,
                 global_attrs={**global_attrs, "init_time": fmt(init)})
             write_forecast(ds, path, complevel=ro.complevel, overwrite=ro.overwrite)
