@@ -2,8 +2,9 @@
 """Cost of deterministic mode: its train step over the fast mode's, on the default experiment.
 
 One process (or one torchrun launch) builds two trainers on the same data, one per
-`model.gemm`, and times their real train steps interleaved (det, fast, det, fast, ...), so
-both see the same machine state. Reported: the median step time of each and their ratio,
+`model.gemm`, and times their real train steps interleaved in ABBA order (det, fast, fast, det,
+...: the first of a pair reads its batch's files cold), so both see the same machine state.
+Reported: the median step time of each and their ratio,
 the share of the deterministic step spent inside the GEMM kernels (timed around every
 kernel call), and the peak resident memory of a process training only one mode (separate
 processes: memory is not noisy, and one process cannot separate two models' peaks).
@@ -109,10 +110,14 @@ def compare(overrides: list[str], steps: int, out: str, device: str, profiled: i
     times = {"deterministic": [], "fast": []}
     gemm = []
     for i in range(steps + 2):  # two warm-up steps each
+        # ABBA order: the mode that runs first in a pair reads each batch's files cold
+        if i % 2:
+            t_fast = fast.train_step(fast_batches).seconds
         spent.clear()
         t_det = det.train_step(det_batches).seconds
         in_kernels = sum(spent)
-        t_fast = fast.train_step(fast_batches).seconds
+        if not i % 2:
+            t_fast = fast.train_step(fast_batches).seconds
         if i >= 2:
             times["deterministic"].append(t_det)
             times["fast"].append(t_fast)
@@ -122,9 +127,11 @@ def compare(overrides: list[str], steps: int, out: str, device: str, profiled: i
     if profiled:
         from op_families import profile_step
 
-        for _ in range(profiled):
-            families["deterministic"].append(profile_step(det, det_batches))
-            families["fast"].append(profile_step(fast, fast_batches))
+        for i in range(profiled):
+            order = ("deterministic", "fast") if i % 2 == 0 else ("fast", "deterministic")
+            for mode in order:
+                trainer, batches = (det, det_batches) if mode == "deterministic" else (fast, fast_batches)
+                families[mode].append(profile_step(trainer, batches))
     if not dist.is_initialized() or dist.get_rank() == 0:
         Path(out).write_text(json.dumps(dict(times=times, gemm_share=gemm, families=families)))
 

@@ -74,6 +74,32 @@ def _bias_grad(g: torch.Tensor, g_rows_padded: torch.Tensor, channels: int, plan
     return out
 
 
+def _input_grad(g: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace, conv,
+                shape: tuple[int, int, int, int], length: int, dtype: torch.dtype) -> torch.Tensor:
+    """dx of an overlapping convolution: patch gradients (each the C_out tree of its products)
+    folded in col2im's order.
+
+    The patch gradients are computed as dcolsᵀ = Wᵀ @ g (rows: patch entries, columns: every
+    sample's positions): the products and the tree of g @ W, so the same bits, but the output
+    rows and g's rows are runs of positions, stored and packed as vectors (2x faster at C_out
+    18, where g @ W's rows are scattered a plane apart)."""
+    b, c, h, w = shape
+    ckk = weight[0].numel()
+    dcols = torch.empty((b, ckk, length), dtype=dtype)
+    _cpu.mm_gather(weight.contiguous().view(-1), t.k_ident, t.cout_by_ckk, g.view(-1),
+                   t.cout_by_length, t.y_rows, dcols.view(-1), t.k_by_length, t.dcols_rows)
+    return _cpu.fold(dcols, (h, w), conv.kernel_size, conv.padding, conv.stride, conv.dilation)
+
+
+def _weight_rows_faster(c_out: int, length: int) -> bool:
+    """Whether a forward runs faster as W @ patches than as patches @ Wᵀ (the same bits
+    either way): when C_out does not fill whole column panels of the kernel's tile, or
+    a plane has fewer positions than a panel (measured on the default models' shapes,
+    benchmarks/results/determinism_profile_*)."""
+    nr = _cpu.load().nr
+    return c_out % nr != 0 or length < nr
+
+
 def _disjoint_patches(conv) -> bool:
     """No padding and a stride of at least the kernel: every input pixel in at most one patch."""
     return (conv.padding == (0, 0) and conv.dilation == (1, 1)
@@ -93,8 +119,12 @@ class _GatherConv2d(torch.autograd.Function):
         t = _conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
         w_flat = weight.contiguous().view(-1)
         y = torch.empty((b, c_out, ho, wo), dtype=torch.float32 if bias is not None else x.dtype)
-        _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
-                       y.view(-1), t.y_rows, t.cout_by_length)
+        if _weight_rows_faster(c_out, ho * wo):  # y = W @ patches: the same products and tree
+            _cpu.mm_gather(w_flat, t.cout_by_ckk, t.k_ident, xp.view(-1), t.kcol, t.x_rows,
+                           y.view(-1), t.cout_by_length, t.y_rows)
+        else:  # y = patches @ Wᵀ
+            _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
+                           y.view(-1), t.y_rows, t.cout_by_length)
         if bias is not None:  # added to the fp32 accumulation, one rounding
             y = (y + bias.to(torch.float32).view(1, -1, 1, 1)).to(x.dtype)
         ctx.save_for_backward(xp, weight)
@@ -119,14 +149,15 @@ class _GatherConv2d(torch.autograd.Function):
                            t.cout_by_ckk, t.k_ident, gx.view(-1), t.x_rows, t.k_in_plane)
             gx.add_(0.0)
         elif ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
-            dcols = torch.empty((b, ckk, length), dtype=xp.dtype)
-            _cpu.mm_gather(g.view(-1), t.y_rows, t.cout_by_length, weight.contiguous().view(-1),
-                           t.cout_by_ckk, t.k_ident, dcols.view(-1), t.dcols_rows, t.k_by_length)
-            gx = _cpu.fold(dcols, (h, w), conv.kernel_size, conv.padding, conv.stride, conv.dilation)
+            gx = _input_grad(g, weight, t, conv, (b, c, h, w), length, xp.dtype)
         if ctx.needs_input_grad[1]:  # dWᵀ = patchesᵀ @ g: the row tree over padded samples
             gw = torch.empty((c_out, ckk), dtype=weight.dtype)
-            _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
-                           t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
+            if length < LEAF:  # dW = g @ patches, the same bits: 2x faster at 8 positions
+                _cpu.mm_gather(g.view(-1), t.cout_by_length, t.g_rows_padded, xp.view(-1),
+                               t.x_rows_padded, t.kcol, gw.view(-1), t.cout_by_ckk, t.k_ident)
+            else:
+                _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
+                               t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
             gw = gw.view(weight.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = _bias_grad(g, t.g_rows_padded, c_out, length, weight.dtype)

@@ -5,6 +5,7 @@ and are not whole 32-row leaves."""
 import pytest
 import torch
 
+from credit.models import det_conv
 from credit.models.det_layers import DetConv2d, DetConvTranspose2d
 
 
@@ -36,9 +37,16 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         (5, 12, 2, 2, 0, (10, 14), 1),    # one sample: no per-sample padding
         (6, 8, 2, 3, 0, (9, 11), 2),      # disjoint patches with gaps: dx written in place
         (7, 9, 1, 1, 0, (6, 7), 4),
+        (18, 64, 3, 1, 1, (5, 24), 2),    # K of two leaves and a partial one, whole panels
+        (5, 12, 4, 2, 1, (6, 8), 3),      # 12 positions a sample: dW as g @ patches
     ],
 )
-def test_conv2d_gather_path_is_the_matrix_path(c_in, c_out, kernel, stride, padding, grid, batch):
+@pytest.mark.parametrize("weight_rows", [True, False], ids=["W@patches", "patches@Wt"])
+def test_conv2d_gather_path_is_the_matrix_path(c_in, c_out, kernel, stride, padding, grid, batch,
+                                               weight_rows, monkeypatch):
+    # both forward orientations on every machine (the choice between them depends on the
+    # kernel's panel width, so a machine would otherwise test only the one it picks)
+    monkeypatch.setattr(det_conv, "_weight_rows_faster", lambda c_out, length: weight_rows)
     torch.manual_seed(0)
     layer = DetConv2d(c_in, c_out, kernel, stride=stride, padding=padding)
     x = torch.randn(batch, c_in, *grid)

@@ -14,19 +14,20 @@ struct LeafPlan {
   std::vector<int64_t> offset;    // kUnit: col[k0]; kPacked: index into the packed leaves
   std::vector<int64_t> stride;    // col[k0 + 1] - col[k0] of an evenly spaced leaf, else 0
   std::vector<int64_t> start;     // col[k0] of an evenly spaced leaf
+  std::vector<int32_t> length;    // k's of the leaf its FMA chain runs over (see plan_leaves)
   int64_t packed = 0;             // number of packed leaves
 };
 
-// One leaf of FMA chains from +0: acc[r][j] = sum_k a(r, k) * b[k][j], k ascending.
-// `A` yields a(r, k) for the tile's rows.
+// One leaf of FMA chains from +0: acc[r][j] = sum_k a(r, k) * b[k][j], k ascending over the
+// leaf's first `length` k's. `A` yields a(r, k) for the tile's rows.
 template <typename A>
-inline void leaf_fma(const A& a, const float* __restrict b, vec (&acc)[MR][NV]) {
+inline void leaf_fma(const A& a, const float* __restrict b, int length, vec (&acc)[MR][NV]) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[r][j] = vzero();
 #pragma GCC unroll 2
-  for (int k = 0; k < kLeaf; ++k) {
+  for (int k = 0; k < length; ++k) {
     vec bv[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) bv[j] = vload(b + k * NR + j * VL);
@@ -73,19 +74,19 @@ void micro_tile(const float* const* rows, const int64_t* acol, const LeafPlan& p
       case kUnit: {
         UnitA a;
         for (int r = 0; r < MR; ++r) a.row[r] = rows[r] + plan.offset[leaf];
-        leaf_fma(a, b, acc);
+        leaf_fma(a, b, plan.length[leaf], acc);
         break;
       }
       case kTable: {
         TableA a;
         for (int r = 0; r < MR; ++r) a.row[r] = rows[r];
         a.col = acol + k0;
-        leaf_fma(a, b, acc);
+        leaf_fma(a, b, plan.length[leaf], acc);
         break;
       }
       default: {
         PackedA a{packed + plan.offset[leaf] * kLeaf * MR};
-        leaf_fma(a, b, acc);
+        leaf_fma(a, b, plan.length[leaf], acc);
       }
     }
     // Tree merges: the stack top is the left operand, the new leaf/subtree
@@ -162,13 +163,16 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
     for (int64_t p = lo; p < hi; ++p) {
       float* panel = dst + (p - p0) * Kp * NR;
       const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
-      bool unit = cols == NR && b.col[n0] >= 0;
-      for (int c = 1; unit && c < NR; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
+      bool unit = b.col[n0] >= 0;  // the panel's columns (maybe fewer than NR) adjacent
+      for (int c = 1; unit && c < cols; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
       for (int64_t k = 0; k < Kp; ++k) {
         float* d = panel + k * NR;
         const int64_t r = k < K ? b.row[k] : -1;
         if (r < 0) {
           for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+        } else if (unit && cols < NR) {  // N's last, partial panel
+          const T* src = b.base + r + b.col[n0];
+          for (int c = 0; c < NR; ++c) d[c] = c < cols ? static_cast<float>(src[c]) : 0.0f;
         } else if (unit) {
           const T* src = b.base + r + b.col[n0];
           if constexpr (std::is_same<T, float>::value) {
@@ -198,20 +202,34 @@ inline void copy_mr(const float* src, float* dst) {
   for (int r = 0; r < MR; ++r) dst[r] = src[r];
 }
 
-// Decides per leaf how fp32 A is read (other dtypes are always packed).
-LeafPlan plan_leaves(const int64_t* acol, int64_t K, int64_t nleaves, bool direct) {
+// Decides per leaf how many of its k's the FMA chain runs over and how fp32 A is read there
+// (other dtypes are always packed).  A chain stops after its last k below K where A's column
+// or B's row is real: the k's past it are padding on both sides, whose products are +0 and
+// leave the chain's sum as it is (a chain starting from +0 is never -0: x + +0 = x, and an
+// exact zero sum is +0 unless both terms are -0), so skipping them keeps every bit while
+// sparing the FMAs and the packing of per-sample row padding (4x the work at 8 rows a
+// sample) and of a short K (K = 4: 8x).
+LeafPlan plan_leaves(const int64_t* acol, const int64_t* brow, int64_t K, int64_t nleaves,
+                     bool direct) {
   LeafPlan plan;
+  plan.length.assign(static_cast<size_t>(nleaves), static_cast<int32_t>(kLeaf));
   plan.kind.assign(static_cast<size_t>(nleaves), kPacked);
   plan.offset.assign(static_cast<size_t>(nleaves), 0);
   plan.stride.assign(static_cast<size_t>(nleaves), 0);
   plan.start.assign(static_cast<size_t>(nleaves), 0);
   for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
     const int64_t k0 = leaf * kLeaf;
-    bool whole = direct && k0 + kLeaf <= K;
-    for (int64_t k = k0; whole && k < k0 + kLeaf; ++k) whole = acol[k] >= 0;
-    const int64_t s = whole ? acol[k0 + 1] - acol[k0] : 0;
+    int64_t last = std::min<int64_t>(K, k0 + kLeaf);
+    while (last > k0 && acol[last - 1] < 0 && brow[last - 1] < 0) --last;
+    const int64_t n = last - k0;
+    plan.length[leaf] = static_cast<int32_t>(n);
+    // A's columns of the chain's k's: all real (read in place, or packed from an even
+    // spacing), or not (packed through the tables)
+    bool whole = direct && n > 0;
+    for (int64_t k = k0; whole && k < last; ++k) whole = acol[k] >= 0;
+    const int64_t s = whole && n > 1 ? acol[k0 + 1] - acol[k0] : 1;
     bool strided = whole;
-    for (int64_t i = 1; strided && i < kLeaf; ++i) strided = acol[k0 + i] == acol[k0] + i * s;
+    for (int64_t i = 1; strided && i < n; ++i) strided = acol[k0 + i] == acol[k0] + i * s;
     plan.stride[leaf] = strided ? s : 0;
     plan.start[leaf] = strided ? acol[k0] : 0;
     // Wide strides are packed: a leaf's 32 rows at a power-of-two distance share a few L1
@@ -240,9 +258,9 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
   const int64_t Kp = nleaves * kLeaf;
   const int64_t mp = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
   constexpr bool kDirect = std::is_same<T, float>::value;
-  const LeafPlan plan = plan_leaves(a.col, K, nleaves, kDirect);
-  // Packed leaves of A, [A panel][packed leaf][k][MR]; every entry is written below, so the
-  // buffer is reused between calls (fresh pages cost as much as the packing itself).
+  const LeafPlan plan = plan_leaves(a.col, b.row, K, nleaves, kDirect);
+  // Packed leaves of A, [A panel][packed leaf][k][MR]; every entry the chains read is written
+  // below, so the buffer is reused between calls (fresh pages cost as much as the packing).
   thread_local std::vector<float> pa_buf;
   const size_t pa_size = static_cast<size_t>(mp * plan.packed * kLeaf * MR);
   if (pa_buf.size() < pa_size) pa_buf.resize(pa_size);
@@ -263,10 +281,11 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
         if (plan.kind[leaf] != kPacked) continue;
         float* const dleaf = pa + plan.offset[leaf] * kLeaf * MR;
         const int64_t panel_stride = plan.packed * kLeaf * MR;
-        if (plan.stride[leaf] != 0) {  // a whole, evenly spaced leaf of fp32 A
+        if (plan.stride[leaf] != 0) {  // an evenly spaced leaf of fp32 A, no padding
           const float* const base = reinterpret_cast<const float*>(a.base) + plan.start[leaf];
           const int64_t s = plan.stride[leaf];
-          for (int64_t k = 0; k < kLeaf; ++k)
+          const int64_t length = plan.length[leaf];
+          for (int64_t k = 0; k < length; ++k)
             for (int64_t p = lo; p < hi; ++p)
               if (adjacent[p - lo]) copy_mr(base + a.row[p * MR] + k * s, dleaf + p * panel_stride + k * MR);
           for (int64_t p = lo; p < hi; ++p) {
@@ -274,14 +293,15 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
             float* d = dleaf + p * panel_stride;
             const float* src[MR];
             for (int r = 0; r < MR; ++r) src[r] = base + a.row[std::min<int64_t>(p * MR + r, M - 1)];
-            for (int64_t k = 0; k < kLeaf; ++k)
+            for (int64_t k = 0; k < length; ++k)
               for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k * s];
           }
           continue;
         }
+        const int64_t length = plan.length[leaf];  // the k's its FMA chains read
         for (int64_t p = lo; p < hi; ++p) {
           float* d = dleaf + p * panel_stride;
-          for (int64_t k = 0; k < kLeaf; ++k)
+          for (int64_t k = 0; k < length; ++k)
             for (int r = 0; r < MR; ++r) {
               const int64_t m = p * MR + r, kk = leaf * kLeaf + k;
               d[k * MR + r] = (m < M && kk < K) ? at(a, m, kk) : 0.0f;
