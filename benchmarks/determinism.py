@@ -71,9 +71,9 @@ def _timed_kernels() -> list[float]:
     spent: list[float] = []
 
     def timed(run):
-        def call(*args):
+        def call(*args, **kwargs):
             start = time.perf_counter()
-            out = run(*args)
+            out = run(*args, **kwargs)
             spent.append(time.perf_counter() - start)
             return out
 

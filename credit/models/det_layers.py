@@ -19,7 +19,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm._dtensor import tree_all_reduce
-from credit.kernels.gemm._ops import linear_local, row_sum
+from credit.kernels.gemm._ops import linear_local, row_sum, row_sum_of_products
 from credit.kernels.gemm._tree import tree_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models import det_conv
@@ -159,7 +159,7 @@ class _ChannelAffine(torch.autograd.Function):
             gw, gb = _sequence_sums(grad, x, want_w, want_b, ctx.sequence_group, backend)
             return gx, gw, gb, None, None
         rows = grad.reshape(-1, grad.shape[-1])
-        gw = row_sum(rows * x.reshape(rows.shape), ctx.groups, backend, weight.dtype) if want_w else None
+        gw = row_sum_of_products(rows, x.reshape(rows.shape), ctx.groups, backend, weight.dtype) if want_w else None
         gb = row_sum(rows, ctx.groups, backend, rows.dtype) if want_b else None
         return gx, gw, gb, None, None
 
@@ -173,7 +173,7 @@ def _sequence_sums(grad: torch.Tensor, x: torch.Tensor, want_w: bool, want_b: bo
     per_sample = []
     for g, xs in zip(grad.unbind(0), x.unbind(0)):
         rows = g.reshape(-1, g.shape[-1])
-        parts = ([row_sum(rows * xs.reshape(rows.shape), 1, backend, rows.dtype)] if want_w else []) + \
+        parts = ([row_sum_of_products(rows, xs.reshape(rows.shape), 1, backend, rows.dtype)] if want_w else []) + \
                 ([row_sum(rows, 1, backend, rows.dtype)] if want_b else [])
         per_sample.append(torch.stack(parts))
     summed = tree_sum(list(tree_all_reduce(torch.stack(per_sample), group).unbind(0)))

@@ -116,6 +116,27 @@ def test_cpu_column_sum_is_the_one_row_gemm(rows, cols):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+@pytest.mark.parametrize("groups, rows, cols", [(3, 45, 37), (4, 32 * 2, 9), (5, 7, 70), (2, 33, 1)])
+def test_cpu_grouped_column_sum_is_the_gemm_over_padded_groups(groups, rows, cols):
+    """Row groups (a sample's rows) summed without the padded copy: the bits of
+    ``ones @ pad_row_groups(g)`` through the kernel."""
+    from credit.kernels.gemm import _cpu
+    from credit.kernels.gemm._ops import pad_row_groups
+    from credit.kernels.gemm._registry import kernel
+
+    g = torch.randn(groups * rows, cols, generator=torch.Generator().manual_seed(43))
+    padded = pad_row_groups(g, groups)
+    want = kernel("cpu")(torch.ones(1, padded.shape[0]), padded, torch.float32)[0]
+    got = _cpu.colsum(g, groups)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    # the affine weight's gradient: the sum of g * x without the product's temporary
+    x = torch.randn(g.shape, generator=torch.Generator().manual_seed(44))
+    padded = pad_row_groups(g * x, groups)
+    want = kernel("cpu")(torch.ones(1, padded.shape[0]), padded, torch.float32)[0]
+    got = _cpu.colsum(g, groups, times=x)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def _materialise(base: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     index = row[:, None] + col[None, :]
     valid = (row[:, None] >= 0) & (col[None, :] >= 0)

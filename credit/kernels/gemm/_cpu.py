@@ -112,14 +112,19 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
     return out
 
 
-def colsum(g: torch.Tensor) -> torch.Tensor:
-    """Sum over the rows of fp32 ``g (M, N)`` with the row tree (``ones(1, M) @ g``'s bits)."""
+def colsum(g: torch.Tensor, groups: int = 1, times: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over the rows of fp32 ``g (M, N)`` (of ``g * times`` when given, each product
+    rounded once) with the row tree, its rows as ``groups`` equal groups each padded to whole
+    leaves (``ones(1, M') @ pad_row_groups(g, groups)``'s bits)."""
     mod = load()
     if g.shape[1] > 1 and g.stride(1) != 1:
         g = g.contiguous()
+    if times is not None and times.shape[1] > 1 and times.stride(1) != 1:
+        times = times.contiguous()
     out = torch.empty(g.shape[1], dtype=torch.float32, device=g.device)
-    n = num_leaves(g.shape[0])
-    mod.det_colsum(g, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
+    groups = max(groups, 1)
+    n = groups * num_leaves(g.shape[0] // groups)
+    mod.det_colsum(g, times, groups, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
     return out
 
 

@@ -149,13 +149,24 @@ def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
 
 def row_sum(g: torch.Tensor, groups: int, backend: str, dtype: torch.dtype) -> torch.Tensor:
     """Sum over the rows of ``g (M, N)`` with the fixed row tree, rows in ``groups``."""
-    g = pad_row_groups(g, groups)
     if backend == "cpu" and g.dtype == torch.float32 and g.shape[0] > 0:
         from . import _cpu
 
-        return _cpu.colsum(g).to(dtype)  # same bits as the 1-row GEMM below, at memory speed
+        # the bits of the 1-row GEMM below over the padded rows, at memory speed, unpadded
+        return _cpu.colsum(g, groups).to(dtype)
+    g = pad_row_groups(g, groups)
     ones = torch.ones((1, g.shape[0]), dtype=g.dtype, device=g.device)
     return _mm(ones, g, backend, dtype)[0]
+
+
+def row_sum_of_products(g: torch.Tensor, x: torch.Tensor, groups: int, backend: str,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """``row_sum(g * x, ...)``'s bits; on the CPU without the product's temporary."""
+    if backend == "cpu" and g.dtype == x.dtype == torch.float32 and g.shape[0] > 0:
+        from . import _cpu
+
+        return _cpu.colsum(g, groups, times=x).to(dtype)
+    return row_sum(g * x, groups, backend, dtype)
 
 
 class _DetLinear(torch.autograd.Function):

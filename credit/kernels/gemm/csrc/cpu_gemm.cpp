@@ -125,10 +125,16 @@ void det_mm_gather(const at::Tensor& a, const at::Tensor& arow, const at::Tensor
 }
 
 // Column sums of fp32 g (M x N, unit column stride) with the row tree: the
-// arithmetic of ones(1, M) @ g through det_mm (a leaf adds its 32 rows to +0
-// in order, rows past M add +0; fma(1, x, s) rounds exactly like s + x), at
-// memory speed instead of a 1-row GEMM.
-void det_colsum(const at::Tensor& g, const at::Tensor& merges, int64_t depth, at::Tensor& out) {
+// arithmetic of ones(1, M') @ g' through det_mm, where g' holds g's rows as
+// `groups` equal groups, each zero-padded to whole leaves (pad_row_groups in
+// _ops.py): a leaf adds its rows to +0 in order (fma(1, x, s) rounds exactly
+// like s + x), and its padding rows, +0 each, are skipped (they leave a sum that
+// started from +0 as it is).  At memory speed instead of a 1-row GEMM, and
+// without the padded copy: each row is read once, all its columns together.
+// With `x` (g's shape), the rows summed are g * x, each product rounded once as
+// torch's multiply rounds it (an affine weight's gradient, without its temporary).
+void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t groups,
+                const at::Tensor& merges, int64_t depth, at::Tensor& out) {
   TORCH_CHECK(g.dim() == 2 && g.device().is_cpu() && g.scalar_type() == at::kFloat &&
                   (g.size(1) <= 1 || g.stride(1) == 1),
               "det_colsum cpu: g must be a 2-D fp32 CPU tensor with unit column stride");
@@ -136,7 +142,16 @@ void det_colsum(const at::Tensor& g, const at::Tensor& merges, int64_t depth, at
                   out.size(0) == g.size(1),
               "det_colsum cpu: bad output tensor");
   const int64_t M = g.size(0), N = g.size(1), sm = g.stride(0);
-  const int64_t nleaves = (M + kLeaf - 1) / kLeaf;
+  if (x.has_value())
+    TORCH_CHECK(x->sizes() == g.sizes() && x->scalar_type() == at::kFloat && x->device().is_cpu() &&
+                    (N <= 1 || x->stride(1) == 1),
+                "det_colsum cpu: x must be an fp32 CPU tensor of g's shape, unit column stride");
+  const float* xd = x.has_value() ? x->data_ptr<float>() : nullptr;
+  const int64_t xm = x.has_value() ? x->stride(0) : 0;
+  TORCH_CHECK(groups >= 1 && M % groups == 0, "det_colsum cpu: ", groups,
+              " groups do not divide ", M, " rows");
+  const int64_t rows = M / groups, per_group = (rows + kLeaf - 1) / kLeaf;
+  const int64_t nleaves = groups * per_group;
   TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
                   merges.numel() == nleaves && nleaves > 0,
               "det_colsum cpu: merge schedule does not match the row count");
@@ -145,29 +160,46 @@ void det_colsum(const at::Tensor& g, const at::Tensor& merges, int64_t depth, at
   float* od = out.data_ptr<float>();
   const int64_t chunks = (N + VL - 1) / VL;
   at::parallel_for(0, chunks, 8, [&](int64_t lo, int64_t hi) {
-    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1) * VL));
+    const int64_t width = hi - lo;  // chunks of VL columns this thread sums
+    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1) * width * VL));
+    std::vector<vec> acc(static_cast<size_t>(width));
     alignas(64) float edge[VL];
-    for (int64_t c = lo; c < hi; ++c) {
-      const int64_t n0 = c * VL, cols = std::min<int64_t>(VL, N - n0);
-      auto row = [&](int64_t m) -> vec {
-        if (m >= M) return vzero();
-        const float* p = gd + m * sm + n0;
-        if (cols == VL) return vload(p);
-        for (int i = 0; i < VL; ++i) edge[i] = i < cols ? p[i] : 0.0f;
-        return vload(edge);
-      };
-      int64_t top = 0;
-      vec acc = vzero();
-      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-        acc = vzero();
-        for (int64_t k = leaf * kLeaf; k < (leaf + 1) * kLeaf; ++k) acc = vadd(acc, row(k));
-        for (int32_t m = sched[leaf]; m > 0; --m) {
-          --top;
-          acc = vadd(vload(stack.data() + top * VL), acc);
+    const int64_t n_lo = lo * VL, tail = std::min<int64_t>(VL, N - (hi - 1) * VL);
+    int64_t top = 0;
+    for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+      for (int64_t c = 0; c < width; ++c) acc[c] = vzero();
+      const int64_t group = leaf / per_group, first = (leaf % per_group) * kLeaf;
+      const int64_t last = std::min<int64_t>(first + kLeaf, rows);
+      for (int64_t k = first; k < last; ++k) {
+        const float* p = gd + (group * rows + k) * sm + n_lo;
+        const float* px = xd == nullptr ? nullptr : xd + (group * rows + k) * xm + n_lo;
+        for (int64_t c = 0; c + 1 < width; ++c) {
+          const vec v = vload(p + c * VL);
+          acc[c] = vadd(acc[c], px == nullptr ? v : vmul(v, vload(px + c * VL)));
         }
-        if (leaf + 1 < nleaves) vstore(stack.data() + (top++) * VL, acc);
+        const int64_t c = width - 1;  // the last chunk may be partial
+        if (tail == VL) {
+          const vec v = vload(p + c * VL);
+          acc[c] = vadd(acc[c], px == nullptr ? v : vmul(v, vload(px + c * VL)));
+        } else {
+          for (int i = 0; i < VL; ++i)
+            edge[i] = i >= tail ? 0.0f : px == nullptr ? p[c * VL + i] : p[c * VL + i] * px[c * VL + i];
+          acc[c] = vadd(acc[c], vload(edge));
+        }
       }
-      vstore(edge, acc);
+      for (int32_t m = sched[leaf]; m > 0; --m) {
+        --top;
+        for (int64_t c = 0; c < width; ++c)
+          acc[c] = vadd(vload(stack.data() + (top * width + c) * VL), acc[c]);
+      }
+      if (leaf + 1 < nleaves) {
+        for (int64_t c = 0; c < width; ++c) vstore(stack.data() + (top * width + c) * VL, acc[c]);
+        ++top;
+      }
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      vstore(edge, acc[c]);
+      const int64_t n0 = (lo + c) * VL, cols = std::min<int64_t>(VL, N - n0);
       for (int i = 0; i < cols; ++i) od[n0 + i] = edge[i];
     }
   });

@@ -45,6 +45,7 @@ inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vbcast(float x) { return _mm512_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 constexpr const char* kIsa = "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
@@ -55,6 +56,7 @@ inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vbcast(float x) { return _mm256_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 constexpr const char* kIsa = "avx2";
 #else
 using vec = float;
@@ -65,6 +67,7 @@ inline void vstore(float* p, vec v) { *p = v; }
 inline vec vbcast(float x) { return x; }
 inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
 inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vmul(vec a, vec b) { return a * b; }
 constexpr const char* kIsa = "scalar";
 #endif
 
