@@ -199,11 +199,46 @@ class DetLayerNorm(nn.LayerNorm):
         return channel_affine(normed, self.weight, self.bias)
 
 
+class _PlanarAffine(torch.autograd.Function):
+    """`channel_affine` of NCHW `x` viewed channels-last, computed in NCHW (CPU, fp32): the
+    same products, and the affine gradients' row trees summed in place by
+    `_cpu.channel_sums`, so the bits of the channels-last path without its copies."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return x * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        from credit.kernels.gemm import _cpu
+
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = grad * weight.view(1, -1, 1, 1)
+        gw = _cpu.channel_sums(grad, times=x) if ctx.needs_input_grad[1] else None
+        gb = _cpu.channel_sums(grad) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
 class DetGroupNorm(nn.GroupNorm):
     """`nn.GroupNorm` on (B, C, H, W): per-sample statistics, tree affine gradients."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # contiguous NCHW: torch's channels-last group norm chooses its algorithm by batch size
         normed = F.group_norm(x.contiguous(), self.num_groups, None, None, self.eps)
+        if self._planar(normed):
+            return _PlanarAffine.apply(normed, self.weight, self.bias)
         out = channel_affine(normed.permute(0, 2, 3, 1), self.weight, self.bias)
         return out.permute(0, 3, 1, 2).contiguous()
+
+    def _planar(self, normed: torch.Tensor) -> bool:
+        """Whether the NCHW affine applies: CPU fp32 plain tensors with both affine terms and
+        the CPU kernel built (elsewhere the channels-last path, the same bits)."""
+        from credit.kernels.gemm import _cpu
+
+        params = (self.weight, self.bias)
+        return (normed.device.type == "cpu" and normed.dtype == torch.float32 and normed.dim() == 4
+                and all(p is not None and type(p) is nn.Parameter and p.dtype == torch.float32 for p in params)
+                and _cpu.unavailable_reason() is None)

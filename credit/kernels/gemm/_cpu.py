@@ -128,6 +128,22 @@ def colsum(g: torch.Tensor, groups: int = 1, times: torch.Tensor | None = None) 
     return out
 
 
+def channel_sums(g: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-channel sums of fp32 NCHW ``g`` (of ``g * times`` when given, each product rounded
+    once) with the row tree of its channels-last rows, each sample's positions padded to
+    whole leaves: ``colsum(g.permute(0, 2, 3, 1).reshape(-1, C), groups=B)``'s bits, without
+    the channels-last copy."""
+    mod = load()
+    b, c = g.shape[:2]
+    flat = g.contiguous().view(b, c, -1)
+    if times is not None:
+        times = times.contiguous().view(flat.shape)
+    out = torch.empty(c, dtype=torch.float32, device=g.device)
+    n = b * num_leaves(flat.shape[2])
+    mod.det_channel_sums(flat, times, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
+    return out
+
+
 def mm_gather(
     a: torch.Tensor, arow: torch.Tensor, acol: torch.Tensor,
     b: torch.Tensor, brow: torch.Tensor, bcol: torch.Tensor,

@@ -205,6 +205,64 @@ void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t
   });
 }
 
+// Per-channel sums of fp32 NCHW g (B, C, P = H*W, contiguous) with the row tree of its
+// channels-last rows: det_colsum(g.permute(0, 2, 3, 1).reshape(B*P, C), groups = B)'s bits
+// (each sample's P positions in leaves of kLeaf, the padding skipped, the leaves of all
+// samples in one tree), read in place instead of through a channels-last copy.  A channel's
+// leaves of one sample are kLeaf apart, so their chains run interleaved: k outer, leaf
+// inner, every chain still adding its positions in ascending order from +0.  With `x`
+// (g's shape), the values summed are g * x, each product rounded once.
+void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
+                      const at::Tensor& merges, int64_t depth, at::Tensor& out) {
+  TORCH_CHECK(g.dim() == 3 && g.is_contiguous() && g.device().is_cpu() &&
+                  g.scalar_type() == at::kFloat,
+              "det_channel_sums cpu: g must be a contiguous fp32 CPU tensor (B, C, P)");
+  if (x.has_value())
+    TORCH_CHECK(x->sizes() == g.sizes() && x->is_contiguous() && x->scalar_type() == at::kFloat &&
+                    x->device().is_cpu(),
+                "det_channel_sums cpu: x must be a contiguous fp32 CPU tensor of g's shape");
+  const int64_t B = g.size(0), C = g.size(1), P = g.size(2);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 1 &&
+                  out.size(0) == C,
+              "det_channel_sums cpu: bad output tensor");
+  const int64_t per_sample = (P + kLeaf - 1) / kLeaf, nleaves = B * per_sample;
+  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
+                  merges.numel() == nleaves && nleaves > 0,
+              "det_channel_sums cpu: merge schedule does not match the leaf count");
+  const float* gd = g.data_ptr<float>();
+  const float* xd = x.has_value() ? x->data_ptr<float>() : nullptr;
+  const int32_t* sched = merges.data_ptr<int32_t>();
+  float* od = out.data_ptr<float>();
+  at::parallel_for(0, C, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> leaves(static_cast<size_t>(nleaves));
+    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1)));
+    for (int64_t c = lo; c < hi; ++c) {
+      for (int64_t b = 0; b < B; ++b) {
+        const float* p = gd + (b * C + c) * P;
+        const float* q = xd == nullptr ? nullptr : xd + (b * C + c) * P;
+        float* s = leaves.data() + b * per_sample;
+        for (int64_t l = 0; l < per_sample; ++l) s[l] = 0.0f;
+        for (int64_t k = 0; k < kLeaf; ++k) {
+          const int64_t full = k < P % kLeaf || P % kLeaf == 0 ? per_sample : per_sample - 1;
+          if (q == nullptr) {
+            for (int64_t l = 0; l < full; ++l) s[l] = s[l] + p[l * kLeaf + k];
+          } else {
+            for (int64_t l = 0; l < full; ++l) s[l] = s[l] + p[l * kLeaf + k] * q[l * kLeaf + k];
+          }
+        }
+      }
+      int64_t top = 0;
+      float acc = 0.0f;
+      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
+        acc = leaves[leaf];
+        for (int32_t m = sched[leaf]; m > 0; --m) acc = stack[--top] + acc;
+        if (leaf + 1 < nleaves) stack[top++] = acc;
+      }
+      od[c] = acc;
+    }
+  });
+}
+
 // fold (col2im) of fp32 columns (B, C*kh*kw, Ho*Wo) into zeroed images (B, C, H, W),
 // adding each pixel's patch contributions in torch's col2im order ((c, i, j)
 // ascending, from +0), so the bits are F.fold's; the loops are arranged so the
@@ -257,6 +315,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none());
   m.def("det_mm_gather", &det_mm_gather, "the GEMM over offset-table operands (fills out)");
   m.def("det_colsum", &det_colsum, "column sums with the row tree (fills out)");
+  m.def("det_channel_sums", &det_channel_sums, "NCHW per-channel sums with the row tree (fills out)");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;
