@@ -93,7 +93,7 @@ class UpBlockPS(nn.Module):
         nn.init.zeros_(self.sharp.bias)
         stack: list[nn.Module] = []
         for _ in range(num_residuals):
-            stack += [kit.conv(out_ch, out_ch, 3, padding=1), kit.group_norm(num_groups, out_ch), nn.SiLU()]
+            stack += [kit.conv(out_ch, out_ch, 3, padding=1), kit.group_norm(num_groups, out_ch), kit.silu()]
         self.b = nn.Sequential(*stack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

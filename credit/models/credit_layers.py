@@ -235,9 +235,10 @@ class FeedForward(nn.Module):
     def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0, gemm: str = "fast") -> None:
         super().__init__()
         deterministic = gemm == "deterministic"
-        linear = layer_kit(gemm).linear
+        kit = layer_kit(gemm)
+        linear = kit.linear
         self.layers = nn.Sequential(
-            ChannelLayerNorm(dim, deterministic=deterministic), linear(dim, dim * mult), nn.GELU(),
+            ChannelLayerNorm(dim, deterministic=deterministic), linear(dim, dim * mult), kit.gelu(),
             IndexedDropout(dropout) if deterministic else nn.Dropout(dropout), linear(dim * mult, dim),
         )
 

@@ -53,7 +53,7 @@ class UpBlock(nn.Module):
             self.conv = kit.conv_transpose(in_ch, out_ch, kernel_size=2, stride=2)
         stack: list[nn.Module] = []
         for _ in range(num_residuals):
-            stack += [kit.conv(out_ch, out_ch, 3, padding=1), kit.group_norm(num_groups, out_ch), nn.SiLU()]
+            stack += [kit.conv(out_ch, out_ch, 3, padding=1), kit.group_norm(num_groups, out_ch), kit.silu()]
         self.b = nn.Sequential(*stack)
         self.attention = decoder_attention(attention_type, out_ch, gemm)
 

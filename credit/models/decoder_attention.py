@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm import det_linear
 from credit.models.det_layers import ConvGeometry, channel_affine, det_conv2d
+from credit.models.det_pointwise import sigmoid
 from credit.models.modes import layer_kit
 
 TYPES = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
@@ -99,7 +100,7 @@ class ECABlock(nn.Module):
             weights = weights.view(x.shape[0], -1, 1, 1)
         else:
             weights = self.conv(pooled.squeeze(-1).transpose(-1, -2)).transpose(-1, -2).unsqueeze(-1)
-        return gate(x, torch.sigmoid(weights), self.deterministic)
+        return gate(x, sigmoid(weights, self.deterministic), self.deterministic)
 
 
 class SpatialAttention(nn.Module):
@@ -112,7 +113,7 @@ class SpatialAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         stacked = torch.cat([channel_mean(x, self.deterministic), torch.amax(x, dim=1, keepdim=True)], dim=1)
-        return gate(x, torch.sigmoid(self.conv(stacked)), self.deterministic)
+        return gate(x, sigmoid(self.conv(stacked), self.deterministic), self.deterministic)
 
 
 class DepthwiseScale(nn.Conv2d):
@@ -134,12 +135,13 @@ class SCSEAttention(nn.Module):
     def __init__(self, channels: int, reduction: int = REDUCTION, depthwise: bool = False,
                  gemm: str = "fast") -> None:
         super().__init__()
-        conv = layer_kit(gemm).conv
+        kit = layer_kit(gemm)
+        conv = kit.conv
         self.deterministic = gemm == "deterministic"
         reduced = max(channels // reduction, 8)
         self.cse = nn.Sequential(nn.AdaptiveAvgPool2d(1), conv(channels, reduced, 1, bias=False), nn.ReLU(),
-                                 conv(reduced, channels, 1, bias=False), nn.Sigmoid())
-        pointwise = [conv(channels, 1, 1, bias=False), nn.Sigmoid()]
+                                 conv(reduced, channels, 1, bias=False), kit.sigmoid())
+        pointwise = [conv(channels, 1, 1, bias=False), kit.sigmoid()]
         if depthwise:
             depth = DepthwiseScale(channels, channels, 1, groups=channels, bias=False)
             depth.deterministic = self.deterministic

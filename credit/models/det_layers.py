@@ -142,7 +142,7 @@ class _ChannelAffine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, groups, sequence_group):  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x if weight is not None else None, weight)  # a bias alone needs no x
         ctx.groups, ctx.has_bias, ctx.sequence_group = groups, bias is not None, sequence_group
         y = x * weight if weight is not None else x
         return y + bias if bias is not None else y

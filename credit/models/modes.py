@@ -11,6 +11,7 @@ from torch import nn
 
 from credit.kernels.gemm import DetLinear
 from credit.models.det_layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
+from credit.models.det_pointwise import DetGELU, DetSigmoid, DetSiLU
 
 
 def layer_kit(gemm: str) -> SimpleNamespace:
@@ -18,9 +19,11 @@ def layer_kit(gemm: str) -> SimpleNamespace:
     state-dict keys) whose batch reductions group rows per sample."""
     if gemm == "deterministic":
         return SimpleNamespace(linear=partial(DetLinear, group_rows=True), layer_norm=DetLayerNorm,
-                               group_norm=DetGroupNorm, conv=DetConv2d, conv_transpose=DetConvTranspose2d)
+                               group_norm=DetGroupNorm, conv=DetConv2d, conv_transpose=DetConvTranspose2d,
+                               gelu=DetGELU, silu=DetSiLU, sigmoid=DetSigmoid)
     return SimpleNamespace(linear=nn.Linear, layer_norm=nn.LayerNorm, group_norm=nn.GroupNorm,
-                           conv=nn.Conv2d, conv_transpose=nn.ConvTranspose2d)
+                           conv=nn.Conv2d, conv_transpose=nn.ConvTranspose2d, gelu=nn.GELU, silu=nn.SiLU,
+                           sigmoid=nn.Sigmoid)
 
 
 def shard_of(weight: torch.Tensor) -> tuple[int, int]:

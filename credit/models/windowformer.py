@@ -169,12 +169,13 @@ class FeedForward(nn.Module):
         kit = layer_kit(gemm)
         linear = kit.linear
         self.norm = kit.layer_norm(dim)
+        self.act = kit.gelu()
         self.up = linear(dim, dim * mult)
         self.down = linear(dim * mult, dim)
         self.dropout = IndexedDropout(dropout) if gemm == "deterministic" else nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.gelu(self.up(self.norm(x)))
+        hidden = self.act(self.up(self.norm(x)))
         if isinstance(self.dropout, IndexedDropout):
             offset, width = shard_of(self.up.weight)
             return self.down(self.dropout(hidden, col_offset=offset, global_cols=width))
@@ -253,10 +254,11 @@ class UpBlock(nn.Module):
         self.norm = _group_norm(dim_out, kit)
         self.conv = kit.conv(dim_out, dim_out, 3, padding=1)
         self.conv_norm = _group_norm(dim_out, kit)
+        self.act = kit.silu()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.silu(self.norm(self.up(x)))
-        return x + F.silu(self.conv_norm(self.conv(x)))
+        x = self.act(self.norm(self.up(x)))
+        return x + self.act(self.conv_norm(self.conv(x)))
 
 
 class WindowFormer(nn.Module):

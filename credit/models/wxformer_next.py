@@ -115,7 +115,7 @@ class SpectralGNNBottleneck(nn.Module):
         self.norm = kit.group_norm(1, dim)
         self.agg_w = nn.Parameter(torch.randn(num_spectral_nodes, nodes) * nodes ** -0.5)
         self.scatter_w = nn.Parameter(torch.randn(nodes, num_spectral_nodes) * num_spectral_nodes ** -0.5)
-        self.mlp = nn.Sequential(kit.linear(dim, hidden), nn.GELU(), kit.linear(hidden, dim))
+        self.mlp = nn.Sequential(kit.linear(dim, hidden), kit.gelu(), kit.linear(hidden, dim))
 
     def _nodes(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.deterministic:  # weight gradients reduce each sample's rows as whole leaves

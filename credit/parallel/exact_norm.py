@@ -85,7 +85,10 @@ def exact_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
         per_key.setdefault(_key(grad), []).append(local.detach().reshape(-1))
     total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64)
     for key, locals_ in per_key.items():
-        bins = _bins(torch.cat(locals_))  # integer sums: grouping the elements changes nothing
+        # integer sums: grouping the elements changes nothing, so no concatenated copy
+        bins = _bins(locals_[0])
+        for local in locals_[1:]:
+            bins += _bins(local)
         if key is not None:  # sum over the mesh dims that shard, once over replicated ones
             mesh, sharded = key
             placements = [Partial() if s else Replicate() for s in sharded]

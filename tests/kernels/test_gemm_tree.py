@@ -99,6 +99,25 @@ def test_cpu_kernel_computes_exactly_the_documented_order(k, layout):
         assert not torch.equal(want, emulate_contract(a, b, "sequential"))
 
 
+# A narrow N runs as C^T = B^T A^T (tiles the wide M fills): still exactly the documented
+# order, with a bias added once to the finished fp32 sums.
+@pytest.mark.parametrize("m, k, n", [(200, 40, 5), (300, 32 * 17 + 3, 20), (130, 96, 1)])
+@pytest.mark.parametrize("layout", ["row", "col", "slice"])
+def test_cpu_kernel_order_holds_for_narrow_outputs(m, k, n, layout):
+    from credit.kernels.gemm import _cpu
+
+    g = torch.Generator().manual_seed(41)
+    a, b, bias = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+    want = emulate_contract(a, b, "tree")
+    got = det_mm(_operand(a, layout), _operand(b, layout), backend="cpu")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with_bias = _cpu.mm(_operand(a, layout), _operand(b, layout), torch.float32, bias)
+    assert torch.equal(with_bias.view(torch.int32), (want + bias).view(torch.int32))
+    # a bf16 output keeps the bias inside the kernel, before its one rounding
+    as_bf16 = _cpu.mm(_operand(a, layout), _operand(b, layout), torch.bfloat16, bias)
+    assert torch.equal(as_bf16, (want + bias).to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("rows, cols", [(1, 5), (45, 37), (32 * 19, 20), (32 * 19 + 9, 20)])
 def test_cpu_column_sum_is_the_one_row_gemm(rows, cols):
     """The bias gradient's fast column sum has the bits of ``ones(1, M) @ g`` through the

@@ -41,16 +41,37 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         (5, 12, 4, 2, 1, (6, 8), 3),      # 12 positions a sample: dW as g @ patches
     ],
 )
-@pytest.mark.parametrize("weight_rows", [True, False], ids=["W@patches", "patches@Wt"])
+@pytest.mark.parametrize("weight_rows, g_rows", [(True, True), (False, False), (True, False), (False, True)],
+                         ids=["W@patches,g@patches", "patches@Wt,patchesT@g", "W@patches,patchesT@g",
+                              "patches@Wt,g@patches"])
 def test_conv2d_gather_path_is_the_matrix_path(c_in, c_out, kernel, stride, padding, grid, batch,
-                                               weight_rows, monkeypatch):
-    # both forward orientations on every machine (the choice between them depends on the
-    # kernel's panel width, so a machine would otherwise test only the one it picks)
+                                               weight_rows, g_rows, monkeypatch):
+    # both forward and both dW orientations on every machine (the choices depend on the
+    # kernel's panel width, so a machine would otherwise test only the ones it picks)
     monkeypatch.setattr(det_conv, "_weight_rows_faster", lambda c_out, length: weight_rows)
+    monkeypatch.setattr(det_conv, "_weight_grad_as_g_rows", lambda c_out, length, stride: g_rows)
     torch.manual_seed(0)
     layer = DetConv2d(c_in, c_out, kernel, stride=stride, padding=padding)
     x = torch.randn(batch, c_in, *grid)
     (gather, matrix) = _both_paths(layer, x, seed=3)
+    for what, a, b in zip(("output", "dx", "dW", "db"), gather, matrix):
+        _same_bits(a, b, what)
+
+
+@pytest.mark.parametrize("samples_per_chunk", [1, 2])
+def test_conv2d_input_grad_in_sample_chunks_is_the_matrix_path(samples_per_chunk, monkeypatch):
+    # the patch gradients are written a few samples at a time (memory); 5 samples in chunks
+    # of 1 and of 2 (a short last chunk) give the matrix path's dx
+    torch.manual_seed(2)
+    layer = DetConv2d(6, 10, 3, padding=1)
+    x = torch.randn(5, 6, 7, 9)
+    one_sample = 6 * 9 * 7 * 9 * 4
+    monkeypatch.setattr(det_conv, "_DCOLS_CHUNK_BYTES", samples_per_chunk * one_sample)
+    calls = []
+    fold = det_conv._cpu.fold
+    monkeypatch.setattr(det_conv._cpu, "fold", lambda cols, *a, **k: calls.append(len(cols)) or fold(cols, *a, **k))
+    (gather, matrix) = _both_paths(layer, x, seed=7)
+    assert calls == [samples_per_chunk] * (5 // samples_per_chunk) + [1] * (5 % samples_per_chunk)
     for what, a, b in zip(("output", "dx", "dW", "db"), gather, matrix):
         _same_bits(a, b, what)
 

@@ -163,11 +163,14 @@ def mm_gather(
 
 
 def fold(cols: torch.Tensor, size: tuple[int, int], kernel: tuple[int, int],
-         padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
+         padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """``F.fold(cols, size, ...)``'s bits for fp32 ``cols (B, C*kh*kw, L)`` (each pixel's
-    contributions added in col2im's order from zero), in loops that vectorise."""
+    contributions added in col2im's order from zero), in loops that vectorise; written into
+    ``out`` (contiguous (B, C, *size)) when given."""
     mod = load()
     channels = cols.shape[1] // (kernel[0] * kernel[1])
-    out = torch.empty((cols.shape[0], channels, *size), dtype=torch.float32)
+    if out is None:
+        out = torch.empty((cols.shape[0], channels, *size), dtype=torch.float32)
     mod.det_fold(cols.contiguous(), out, *kernel, *padding, *stride, *dilation)
     return out

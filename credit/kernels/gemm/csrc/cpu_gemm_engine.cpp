@@ -125,6 +125,46 @@ inline float at(const Gather<T>& g, int64_t i, int64_t j) {
   return (r < 0 || c < 0) ? 0.0f : static_cast<float>(g.base[r + c]);
 }
 
+inline bool rows_adjacent(const int64_t* row) {
+  for (int r = 1; r < MR; ++r)
+    if (row[r] != row[0] + r) return false;
+  return true;
+}
+
+// Consecutive real columns of a panel whose offsets are evenly spaced.
+struct ColumnRun {
+  int first, length;
+  int64_t offset, step;
+};
+
+inline std::vector<ColumnRun> column_runs(const int64_t* col, int64_t cols) {
+  std::vector<ColumnRun> runs;
+  for (int c = 0; c < cols;) {
+    if (col[c] < 0) {
+      ++c;
+      continue;
+    }
+    ColumnRun run{c, 1, col[c], 1};
+    if (c + 1 < cols && col[c + 1] >= 0) run.step = col[c + 1] - col[c];
+    while (c + run.length < cols && col[c + run.length] >= 0 &&
+           col[c + run.length] == col[c] + run.length * run.step)
+      ++run.length;
+    runs.push_back(run);
+    c += run.length;
+  }
+  return runs;
+}
+
+// The spacing of B's rows [k, k + kRowBlock) when they are real and evenly spaced, else 0.
+constexpr int kRowBlock = 16;
+inline int64_t row_step(const int64_t* row, int64_t k, int64_t K) {
+  if (k + kRowBlock > K || row[k] < 0) return 0;
+  const int64_t step = row[k + 1] - row[k];
+  for (int i = 2; i < kRowBlock; ++i)
+    if (row[k + i] != row[k] + i * step) return 0;
+  return step;
+}
+
 // Packs B's column panels [p0, p1) (K x N, NR columns each) into [Kp][NR]
 // floats each at dst, zero past K and N.  (B is never read in place: rows at a
 // large power-of-two stride share L1 sets.)
@@ -165,9 +205,36 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
       const int64_t n0 = p * NR, cols = std::min<int64_t>(NR, N - n0);
       bool unit = b.col[n0] >= 0;  // the panel's columns (maybe fewer than NR) adjacent
       for (int c = 1; unit && c < cols; ++c) unit = b.col[n0 + c] == b.col[n0] + c;
+      // Otherwise the panel's real columns as runs of evenly spaced ones (a panel spanning
+      // output rows, a strided convolution's positions, a kernel row's taps), each copied
+      // by a branch-free loop; padding columns stay zero.
+      const std::vector<ColumnRun> runs = unit ? std::vector<ColumnRun>{} : column_runs(b.col + n0, cols);
+      const bool gaps = !unit && (cols < NR || std::any_of(b.col + n0, b.col + n0 + cols,
+                                                           [](int64_t c) { return c < 0; }));
       for (int64_t k = 0; k < Kp; ++k) {
         float* d = panel + k * NR;
         const int64_t r = k < K ? b.row[k] : -1;
+        const int64_t step = !unit && !gaps && k % kRowBlock == 0 ? row_step(b.row, k, K) : 0;
+        if (step == 1) {
+          // kRowBlock rows a float apart (dW's patches over a run of positions): column by
+          // column, each column's kRowBlock values read as one run
+          for (int c = 0; c < NR; ++c) {
+            const T* src = b.base + r + b.col[n0 + c];
+#pragma GCC unroll 16
+            for (int i = 0; i < kRowBlock; ++i) d[i * NR + c] = static_cast<float>(src[i]);
+          }
+          k += kRowBlock - 1;
+          continue;
+        }
+        if (step != 0) {  // evenly spaced rows (a strided convolution's positions)
+          for (int c = 0; c < NR; ++c) {
+            const T* src = b.base + r + b.col[n0 + c];
+#pragma GCC unroll 16
+            for (int i = 0; i < kRowBlock; ++i) d[i * NR + c] = static_cast<float>(src[i * step]);
+          }
+          k += kRowBlock - 1;
+          continue;
+        }
         if (r < 0) {
           for (int c = 0; c < NR; ++c) d[c] = 0.0f;
         } else if (unit && cols < NR) {  // N's last, partial panel
@@ -182,7 +249,18 @@ void pack_b(const Gather<T>& b, int64_t K, int64_t N, int64_t Kp, int64_t p0, in
             for (int c = 0; c < NR; ++c) d[c] = static_cast<float>(src[c]);
           }
         } else {
-          for (int c = 0; c < NR; ++c) d[c] = c < cols ? at(b, k, n0 + c) : 0.0f;
+          if (gaps)
+            for (int c = 0; c < NR; ++c) d[c] = 0.0f;
+          const T* row = b.base + r;
+          for (const ColumnRun& run : runs) {
+            const T* src = row + run.offset;
+            float* out = d + run.first;
+            if (run.step == 1) {
+              for (int c = 0; c < run.length; ++c) out[c] = static_cast<float>(src[c]);
+            } else {
+              for (int c = 0; c < run.length; ++c) out[c] = static_cast<float>(src[c * run.step]);
+            }
+          }
         }
       }
     }
@@ -356,6 +434,16 @@ void gemm_pass(const Gather<T>& a, const Gather<T>& b, const Scatter<O>& c, int6
                    pb + (jp - p0) * Kp * NR, nleaves, sched, stack.data(),
                    c.bias != nullptr ? bias.data() + n0 : nullptr, out);
         if (in_place) continue;
+        if (nrows == MR && c.row[m0 + MR - 1] == c.row[m0] + MR - 1 && rows_adjacent(c.row + m0)) {
+          // the tile's rows are adjacent in the output (a transposed product's channels):
+          // column by column, MR adjacent stores each
+          O* const o = c.base + c.row[m0];
+          for (int64_t j = 0; j < ncols; ++j) {
+            O* d = o + c.col[n0 + j];
+            for (int r = 0; r < MR; ++r) d[r] = static_cast<O>(tile[r * NR + j]);
+          }
+          continue;
+        }
         for (int64_t r = 0; r < nrows; ++r) {
           O* orow = c.base + c.row[m0 + r];
           for (int64_t j = 0; j < ncols; ++j) orow[c.col[n0 + j]] = static_cast<O>(tile[r * NR + j]);
