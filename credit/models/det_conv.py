@@ -113,10 +113,10 @@ def _input_grad(g: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace, conv,
 def _weight_rows_faster(c_out: int, length: int) -> bool:
     """Whether a forward runs faster as W @ patches than as patches @ Wᵀ (the same bits
     either way): when C_out does not fill whole column panels of the kernel's tile, or
-    a plane has fewer positions than a panel (measured on the default models' shapes,
-    benchmarks/results/determinism_profile_*)."""
+    a plane has fewer positions than a panel and a leaf (measured on CREDIT's shapes on an
+    AVX2 Zen 3, panels of 16, and an AVX-512 Zen 4, panels of 64)."""
     nr = _cpu.load().nr
-    return c_out % nr != 0 or length < nr
+    return c_out % nr != 0 or length < min(nr, LEAF)
 
 
 def _weight_grad_as_g_rows(c_out: int, length: int, stride: tuple[int, int]) -> bool:
