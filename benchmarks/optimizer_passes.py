@@ -52,7 +52,7 @@ def main() -> None:
     for _ in range(args.repeats):
         times["adamw fused"].append(_ms(lambda: opt._update(rows, steps, group)))
         times["adamw list-wide"].append(_ms(lambda: opt._update_foreach(twins, steps, group)))
-        times["bins fused"].append(_ms(lambda: _bins(flat)))
+        times["bins fused"].append(_ms(lambda: _bins([flat])))
         times["bins torch"].append(_ms(lambda: bins_torch(flat)))
     print(f"# {cpu_name()}, torch threads {torch.get_num_threads()}, {sum(sizes):,} float32 parameters in "
           f"{len(sizes)} tensors, {args.repeats} interleaved repeats")

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 from credit.kernels import elementwise
 
 _BINS = 256  # float32 exponent fields
-_CHUNK = 1 << 18  # elements per pass: cache-sized temporaries; float64 bin sums stay exact
+_CHUNK = 1 << 18  # elements per pass of torch's ops: cache-sized temporaries
 # m = hi * 2**12 + lo, so m**2 = hi**2 * 2**24 + 2 * hi * lo * 2**12 + lo**2: three products
 # below 2**24 each, summed per bin
 _WEIGHTS = (1 << 24, 2 << 12, 1)
@@ -33,26 +33,27 @@ def _int32(value: int) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.int32)
 
 
-def _bins(t: torch.Tensor) -> torch.Tensor:
-    """(3, 256) int64: per float32 exponent field, the sums of hi**2, hi*lo and lo**2 over
-    the elements' 24-bit significands m = hi * 2**12 + lo (on the CPU in one fused pass,
-    `credit.kernels.elementwise`)."""
-    flat = t.detach().reshape(-1).to(torch.float32)
-    kernel = elementwise.fused(flat)
-    if kernel is not None:
-        return kernel.det_square_bins(flat)
-    return bins_torch(flat)
+def _bins(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """(3, 256) int64 over every element of `tensors`: per float32 exponent field, the sums
+    of hi**2, hi*lo and lo**2 over the elements' 24-bit significands m = hi * 2**12 + lo.
+    Integer sums, so grouping the elements changes nothing: on the CPU one fused pass per
+    tensor (`credit.kernels.elementwise`, no concatenated copy); elsewhere torch's ops over
+    their concatenation, a few launches for the whole set."""
+    flats = [t.detach().reshape(-1).to(torch.float32) for t in tensors]
+    kernel = elementwise.fused(*flats)
+    if kernel is None:
+        return bins_torch(torch.cat(flats) if len(flats) > 1 else flats[0])
+    total = kernel.det_square_bins(flats[0])
+    for flat in flats[1:]:
+        total += kernel.det_square_bins(flat)
+    return total
 
 
 def bins_torch(flat: torch.Tensor) -> torch.Tensor:
-    """`_bins` with torch's ops, on any device."""
-    # bins are integer sums below 2**53, so any order of addition (a GPU's atomics included)
-    # gives the same result; only torch's deterministic-algorithms switch refuses a CUDA
-    # bincount with weights, and then the counting runs on the host
-    on = flat.device
-    if on.type != "cpu" and torch.are_deterministic_algorithms_enabled():
-        on = torch.device("cpu")
-    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64, device=on)
+    """`_bins` of one flat float32 tensor with torch's ops, on its own device."""
+    # integer index_add_: exact in any order of addition (a GPU's atomics included), allowed
+    # by torch's deterministic-algorithms switch, and, unlike bincount, no host sync
+    total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64, device=flat.device)
     for part in flat.split(_CHUNK):
         bits = part.contiguous().view(torch.int32)
         field = torch.bitwise_and(torch.bitwise_right_shift(bits, _int32(23)), _int32(0xFF))
@@ -60,10 +61,8 @@ def bins_torch(flat: torch.Tensor) -> torch.Tensor:
         significand = torch.where(field > 0, torch.bitwise_or(significand, _int32(0x800000)), significand)
         hi = torch.bitwise_right_shift(significand, _int32(12))
         lo = torch.bitwise_and(significand, _int32(0xFFF))
-        index = field.to(torch.int64).to(on)
-        for row, product in enumerate((hi * hi, hi * lo, lo * lo)):  # each < 2**24: exact int32
-            sums = torch.bincount(index, weights=product.to(torch.float64).to(on), minlength=_BINS)
-            total[row] += sums.to(torch.int64)  # each sum < 2**42: an exact float64 integer
+        products = torch.stack((hi * hi, hi * lo, lo * lo)).to(torch.int64)  # each < 2**24
+        total.index_add_(1, field, products)
     return total
 
 
@@ -85,10 +84,7 @@ def exact_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
         per_key.setdefault(_key(grad), []).append(local.detach().reshape(-1))
     total = torch.zeros(len(_WEIGHTS), _BINS, dtype=torch.int64)
     for key, locals_ in per_key.items():
-        # integer sums: grouping the elements changes nothing, so no concatenated copy
-        bins = _bins(locals_[0])
-        for local in locals_[1:]:
-            bins += _bins(local)
+        bins = _bins(locals_)
         if key is not None:  # sum over the mesh dims that shard, once over replicated ones
             mesh, sharded = key
             placements = [Partial() if s else Replicate() for s in sharded]

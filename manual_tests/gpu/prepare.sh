@@ -49,4 +49,6 @@ if (( size_mib > LIMIT_MIB )); then
 fi
 echo
 echo 'carry: [".whl"]'
-echo 'command: bash manual_tests/gpu/run.sh'
+# the device's copy of the tree may carry stale git metadata: name the commit in the command
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.whl' 2>/dev/null || echo '+changes')
+echo "command: KIT_COMMIT=$commit bash manual_tests/gpu/run.sh"

@@ -2,7 +2,8 @@
 # The GPU kit: proves the CUDA and Triton paths on a lent GPU machine in one call of the device
 # tool (under its 10-minute limit), with the wheels prepare.sh saved in .whl/ carried along:
 #
-#   bash manual_tests/gpu/run.sh              # there; carry [".whl"]
+#   KIT_COMMIT=<hash> bash manual_tests/gpu/run.sh   # there; carry [".whl"]; prepare.sh prints it
+#                                                    # (the device's copy may hold stale git metadata)
 #   bash manual_tests/gpu/run.sh --dry-run    # here: the same steps on CPU at tiny sizes
 #
 # Steps: install the wheels with --no-index into a private folder and the project beside them
@@ -75,7 +76,7 @@ report() {
     {
         echo "# GPU kit: ${GPU_NAME:-dry run on CPU}"
         echo
-        echo "\`bash manual_tests/gpu/run.sh$( ((DRY_RUN)) && echo ' --dry-run')\` at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - KIT_START )) s so far."
+        echo "\`bash manual_tests/gpu/run.sh$( ((DRY_RUN)) && echo ' --dry-run')\` at ${KIT_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')}, $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - KIT_START )) s so far."
         echo
         echo "## Versions"
         echo

@@ -60,7 +60,9 @@ def test_square_bins_equal_torchs_and_the_norm_is_exact(kernel):
     g = torch.Generator().manual_seed(2)
     values = torch.cat([torch.randn(300_001, generator=g) * 10.0 ** torch.randint(-30, 30, (300_001,), generator=g),
                         torch.tensor([0.0, -0.0, 1e-45, -3e-39, 3.4e38, float("inf")])])
-    assert torch.equal(_bins(values), bins_torch(values))
+    assert torch.equal(_bins([values]), bins_torch(values))
+    parts = list(values.split([7, 250_000, 50_000]))  # several tensors: the bins of their union
+    assert torch.equal(_bins(parts), bins_torch(values))
     finite = values[torch.isfinite(values)][:1000]
     squares = math.fsum(float(x) ** 2 for x in finite.double())  # exact squares, one rounding of the sum
     assert torch.equal(exact_grad_norm([finite]), torch.tensor(squares, dtype=torch.float64).sqrt())
