@@ -42,7 +42,9 @@ code only changes *where* things are computed, never *how*:
   the identity, the multiply np.rad2deg is defined as).
 
 When changing anything here, check that a generated dataset is still bitwise identical to one
-written before the change.
+written before the change. The parts live beside this module: `constants`, `solar` (geometry
+and irradiance), `static_fields` (land-sea mask, orography) and `advection` (semi-Lagrangian
+transport and diffusion); this one holds the flow, the tendencies and the state.
 """
 
 from __future__ import annotations
@@ -51,75 +53,13 @@ from typing import Sequence
 
 import numpy as np
 
-EARTH_RADIUS = 6.371e6  # m
-OMEGA = 7.292e-5  # s-1
-GRAVITY = 9.80665  # m s-2
-R_DRY = 287.04  # J kg-1 K-1
-LATENT_OVER_CP = 2.501e6 / 1004.0  # K per (kg kg-1)
-SOLAR_CONSTANT = 1361.0  # W m-2
-LAPSE_RATE = 6.5e-3  # K m-1
-NS_PER_DAY = 86_400 * 10**9
+from .advection import Forcing, SphereGrid, Workspace, departure_indices, diffuse, interpolate, interpolation_plan
+from .constants import EARTH_RADIUS, GRAVITY, LAPSE_RATE, LATENT_OVER_CP, OMEGA, R_DRY
+from .solar import daily_mean_irradiance_of, solar_geometry, solar_geometry_of, toa_irradiance, toa_irradiance_of
+from .static_fields import make_static
+
 _BATCH_STEPS = 24  # at most this many steps have their state-independent forcing computed together
 _BATCH_BYTES = 64 * 2**20  # ... and the forcing buffers of a batch stay within about this size
-_RAD2DEG = 180.0 / np.pi  # np.rad2deg(x) is defined as x * (180 / pi); the multiply is much faster
-
-
-def solar_geometry(time_ns: np.ndarray | int) -> tuple[float, float, float]:
-    """Return (declination [rad], Earth-Sun distance factor (d0/d)^2, UTC hour) at ``time_ns``.
-
-    Declination and eccentricity use the usual first-harmonic approximations in the
-    fractional day of year; the equation of time is neglected.
-    """
-    dec, dist, hour = _solar_geometry(np.array([int(time_ns)], np.int64))
-    return float(dec[0]), float(dist[0]), float(hour[0])
-
-
-def _solar_geometry(time_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`solar_geometry` for an int64 array of times [ns] (elementwise the same operations)."""
-    t = time_ns.astype("datetime64[ns]")
-    year_start = t.astype("datetime64[Y]").astype("datetime64[ns]")
-    day = (t - year_start).astype(np.int64) / NS_PER_DAY  # fractional, 0 at Jan 1 00 UTC
-    hour = (t - t.astype("datetime64[D]").astype("datetime64[ns]")).astype(np.int64) / 3.6e12
-    gamma = 2.0 * np.pi * day / 365.25
-    declination = np.deg2rad(-23.44) * np.cos(gamma + 2.0 * np.pi * 10.0 / 365.25)
-    distance_factor = 1.0 + 0.033 * np.cos(gamma)
-    return declination, distance_factor, hour
-
-
-def toa_irradiance(time_ns: int, lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
-    """Instantaneous top-of-atmosphere solar irradiance [W m-2] on the (lat, lon) grid.
-
-    ``S0 (d0/d)^2 max(0, cos zenith)``, with ``cos zenith = sin(phi) sin(dec) + cos(phi) cos(dec) cos(h)``
-    and hour angle ``h = 15 deg * (UTC hour - 12) + longitude``.
-    """
-    dec, dist, hour = solar_geometry(time_ns)
-    phi = np.deg2rad(lat_deg)[:, None]
-    h = np.deg2rad(15.0 * (hour - 12.0) + np.asarray(lon_deg))[None, :]
-    return _toa(np.sin(phi), np.cos(phi), np.cos(h), dec, dist)
-
-
-def _toa(sin_phi: np.ndarray, cos_phi: np.ndarray, cos_h: np.ndarray, dec, dist) -> np.ndarray:
-    """TOA irradiance from sin/cos of latitude (H, 1), cos of the hour angle and the solar geometry.
-
-    ``dec`` and ``dist`` are scalars, or (T, 1, 1) with ``cos_h`` (T, 1, W) for a batch of times.
-    """
-    cos_zen = sin_phi * np.sin(dec) + cos_phi * np.cos(dec) * cos_h
-    return SOLAR_CONSTANT * dist * np.maximum(cos_zen, 0.0)
-
-
-def daily_mean_irradiance(time_ns: int, lat_deg: np.ndarray) -> np.ndarray:
-    """Daily-mean top-of-atmosphere irradiance [W m-2] per latitude (shape (H, 1))."""
-    dec, dist, _ = solar_geometry(time_ns)
-    phi = np.deg2rad(lat_deg)[:, None]
-    return _daily_mean(np.sin(phi), np.cos(phi), -np.tan(phi), dec, dist)
-
-
-def _daily_mean(sin_phi: np.ndarray, cos_phi: np.ndarray, neg_tan_phi: np.ndarray, dec, dist) -> np.ndarray:
-    """Daily-mean TOA irradiance from latitude factors (H, 1) and the (scalar or (T, 1, 1)) geometry."""
-    h0 = np.arccos(np.clip(neg_tan_phi * np.tan(dec), -1.0, 1.0))
-    return SOLAR_CONSTANT * dist / np.pi * (h0 * sin_phi * np.sin(dec) + cos_phi * np.cos(dec) * np.sin(h0))
-
-
 def saturation_specific_humidity(temp: np.ndarray, pressure_pa: np.ndarray, *, out: np.ndarray | None = None,
                                  work: np.ndarray | None = None) -> np.ndarray:
     """Saturation specific humidity [kg kg-1] from a Tetens/Bolton vapour pressure over water.
@@ -139,33 +79,6 @@ def saturation_specific_humidity(temp: np.ndarray, pressure_pa: np.ndarray, *, o
     denominator = np.subtract(pressure_pa, np.multiply(0.378, e_s, out=work), out=work)
     q_sat = np.divide(np.multiply(0.622, e_s, out=e_s), denominator, out=e_s)
     return q_sat if q_sat.ndim else q_sat[()]  # a scalar for scalar arguments
-
-
-def _smooth_sphere_field(rng: np.random.Generator, lat_deg, lon_deg, n_bumps: int, width: tuple[float, float]):
-    """Sum of random Gaussian bumps in 3-D on the unit sphere: smooth, pole-safe, grid-independent."""
-    centres = rng.normal(size=(n_bumps, 3))
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    widths = rng.uniform(*width, size=n_bumps)
-    weights = rng.uniform(0.5, 1.0, size=n_bumps)
-    phi, lam = np.deg2rad(lat_deg)[:, None], np.deg2rad(lon_deg)[None, :]
-    xyz = np.stack(np.broadcast_arrays(np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)), -1)
-    d2 = ((xyz[:, :, None, :] - centres[None, None]) ** 2).sum(-1)
-    return (weights * np.exp(-d2 / (2.0 * widths**2))).sum(-1)
-
-
-def make_static(rng: np.random.Generator, lat_deg: np.ndarray, lon_deg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded land-sea mask (0/1, about 30 % land by area) and surface geopotential [m2 s-2]."""
-    land_field = _smooth_sphere_field(rng, lat_deg, lon_deg, 9, (0.25, 0.5))
-    area = np.broadcast_to(np.cos(np.deg2rad(lat_deg))[:, None], land_field.shape).ravel()
-    order = np.argsort(land_field.ravel())[::-1]
-    cum = np.cumsum(area[order]) / area.sum()
-    threshold = land_field.ravel()[order][np.searchsorted(cum, 0.3)]
-    lsm = (land_field > threshold).astype(np.float64)
-    # Height rises smoothly inland and carries a few narrower mountain ranges on land.
-    inland = np.clip((land_field - threshold) / (land_field.max() - threshold + 1e-12), 0.0, 1.0)
-    ranges = _smooth_sphere_field(rng, lat_deg, lon_deg, 6, (0.08, 0.18))
-    height = lsm * (1500.0 * inland**0.7 + 2500.0 * ranges / max(ranges.max(), 1e-12) * inland**0.3 + 50.0)
-    return lsm, GRAVITY * height
 
 
 class ToyAtmosphere:
@@ -255,17 +168,11 @@ class ToyAtmosphere:
         self._evaporation = 1.0 - 0.6 * self.lsm
         self._p_pa = self.p * 100.0
         self._neg_tan_phi = -np.tan(np.deg2rad(self.lat)[:, None])
-        n_lat, n_lon = len(self.lat), len(self.lon)
-        # Broadcast to full (L, H, W) copies: numpy loops much faster over whole arrays than rows.
-        full = (len(self.p), n_lat, n_lon)
-        self._earth_cos = np.broadcast_to(EARTH_RADIUS * np.maximum(self.cos, np.cos(np.deg2rad(89.0))), full).copy()
-        self._lam = np.broadcast_to(self.lam, full).copy()
-        self._phi = np.broadcast_to(np.deg2rad(self.lat)[:, None], full).copy()
-        self._level_base = np.arange(len(self.p), dtype=float)[:, None, None] * (n_lat * n_lon)  # flat offsets
+        self._grid = SphereGrid.build(self.lat, self.lon, len(self.p))
         self._cos_hour: dict[float, np.ndarray] = {}  # cos(hour angle) on the grid, per UTC hour
         self._by_dt: dict[float, dict] = {}
-        self._work: _Workspace | None = None
-        self._batch: _Forcing | None = None
+        self._work: Workspace | None = None
+        self._batch: Forcing | None = None
 
     def _step_constants(self, dt: float) -> dict:
         """Tendency factors that depend on the step length only (cached per ``dt``); see :meth:`_tendencies`."""
@@ -343,8 +250,8 @@ class ToyAtmosphere:
                 self._cos_hour[h] = np.cos(np.deg2rad(15.0 * (h - 12.0) + self.lon)[None, :])
         cos_h = np.stack([self._cos_hour[h] for h in hour])
         dec, dist = dec[:, None, None], dist[:, None, None]
-        toa = _toa(self.sin, self.cos, cos_h, dec, dist)
-        return toa - _daily_mean(self.sin, self.cos, self._neg_tan_phi, dec, dist)
+        toa = toa_irradiance_of(self.sin, self.cos, cos_h, dec, dist)
+        return toa - daily_mean_irradiance_of(self.sin, self.cos, self._neg_tan_phi, dec, dist)
 
     def initialise(self, time_ns: int) -> None:
         """Reset the state to radiative equilibrium, half-saturated air and no skin anomaly."""
@@ -354,47 +261,7 @@ class ToyAtmosphere:
         self.state = {"T": temp, "Q": q, "skin": np.zeros(shape[1:])}
 
     # ------------------------------------------------------------- stepping
-    def _departure_indices(self, u: np.ndarray, v: np.ndarray, dt: float, masks: tuple[np.ndarray, np.ndarray]):
-        """Fractional (lat, lon) grid indices of the semi-Lagrangian departure points::
-
-            lam_d = rad2deg(lambda - u dt / (a max(cos phi, cos 89 deg)))  # u vanishes at the poles
-            phi_d = rad2deg(phi - v dt / a)
-            i = clip((phi_d - lat[0]) / dlat, 0, H - 1),  j = mod((lam_d - lon[0]) / dlon, W)
-
-        Computed in place: ``u`` becomes ``j`` and ``v`` becomes ``i``; ``masks`` are boolean scratch.
-        """
-        lam_d = np.multiply(np.subtract(self._lam, np.divide(np.multiply(u, dt, out=u), self._earth_cos, out=u),
-                                        out=u), _RAD2DEG, out=u)
-        phi_d = np.multiply(np.subtract(self._phi, np.divide(np.multiply(v, dt, out=v), EARTH_RADIUS, out=v),
-                                        out=v), _RAD2DEG, out=v)
-        dlat, dlon = self.lat[1] - self.lat[0], self.lon[1] - self.lon[0]
-        i = np.divide(np.subtract(phi_d, self.lat[0], out=phi_d), dlat, out=phi_d)
-        np.clip(i, 0.0, len(self.lat) - 1.0, out=i)
-        j = np.divide(np.subtract(lam_d, self.lon[0], out=lam_d), dlon, out=lam_d)
-        return i, _remainder_inplace(j, len(self.lon), *masks)
-
-    def _interpolation_plan(self, i: np.ndarray, j: np.ndarray, batch: _Forcing) -> None:
-        """Fill the batch's gather indices and weights for bilinear interpolation at (T, L, H, W) points.
-
-        Corners are ordered (i0, j0), (i0+1, j0), (i0, j1), (i0+1, j1); ``w_row`` holds 1 - wi and wi,
-        ``w_col`` 1 - wj and wj (periodic in longitude). Corner indices are handled as integer-valued
-        floats (exact) and cast once. ``i`` is overwritten.
-        """
-        n, n_lat, n_lon = len(i), len(self.lat), len(self.lon)
-        w_row, w_col, idx, mask = batch.w_row[:n], batch.w_col[:n], batch.idx[:n], batch.mask[:n]
-        i0 = np.minimum(np.floor(i, out=batch.tmp[:n]), n_lat - 2, out=batch.tmp[:n])
-        np.subtract(1, np.subtract(i, i0, out=w_row[:, 1]), out=w_row[:, 0])
-        j0 = np.floor(j, out=i)
-        np.subtract(1, np.subtract(j, j0, out=w_col[:, 1]), out=w_col[:, 0])
-        # np.mod can round up to exactly n_lon; that point sits on column 0.
-        np.subtract(j0, n_lon, out=j0, where=np.greater_equal(j0, n_lon, out=mask))
-        idx[:, 0] = np.add(np.add(np.multiply(i0, n_lon, out=i0), j0, out=i0), self._level_base, out=i0)
-        np.add(idx[:, 0], n_lon, out=idx[:, 1])
-        np.add(idx[:, 0], 1, out=idx[:, 2])
-        np.subtract(idx[:, 2], n_lon, out=idx[:, 2], where=np.equal(j0, n_lon - 1, out=mask))  # j1 wraps to 0
-        np.add(idx[:, 2], n_lon, out=idx[:, 3])
-
-    def _forcing(self, t_sec: Sequence[float], time_ns: Sequence[int], dt: float, batch: _Forcing) -> _Forcing:
+    def _forcing(self, t_sec: Sequence[float], time_ns: Sequence[int], dt: float, batch: Forcing) -> Forcing:
         """Fill ``batch`` with what the steps starting at ``t_sec``/``time_ns`` need that does not depend on the state.
 
         Evaluated at the mid-step instants for a batch of steps (leading axis), as :meth:`step`
@@ -403,11 +270,11 @@ class ToyAtmosphere:
         n = batch.n = len(t_sec)
         const = self._step_constants(dt)
         mid_sec = np.array([t + 0.5 * dt for t in t_sec], float)
-        dec, dist, hour = _solar_geometry(np.array([ns + int(0.5 * dt * 1e9) for ns in time_ns], np.int64))
+        dec, dist, hour = solar_geometry_of(np.array([ns + int(0.5 * dt * 1e9) for ns in time_ns], np.int64))
         u, v = batch.u[:n], batch.v[:n]
         self._winds(mid_sec, u, v, batch.tmp[:n])
-        i, j = self._departure_indices(u, v, dt, (batch.mask[:n], batch.mask2[:n]))
-        self._interpolation_plan(i, j, batch)
+        i, j = departure_indices(self._grid, u, v, dt, (batch.mask[:n], batch.mask2[:n]))
+        interpolation_plan(self._grid, i, j, batch)
         excess = self._irradiance_excess(dec, dist, hour)
         np.multiply(const["heat"], excess[:, None], out=batch.heating[:n])
         np.multiply(const["skin_gain"], excess, out=batch.skin[:n])
@@ -429,39 +296,22 @@ class ToyAtmosphere:
         tq = np.stack([st["T"], st["Q"]])  # temperature and humidity are advected and diffused together
         skin = st["skin"].copy()
         if self._work is None:
-            steps = int(np.clip(_BATCH_BYTES // (_Forcing.BYTES_PER_POINT * tq[0].size), 1, _BATCH_STEPS))
-            self._work, self._batch = _Workspace(tq.shape), _Forcing(steps, tq.shape[1:])
+            steps = int(np.clip(_BATCH_BYTES // (Forcing.BYTES_PER_POINT * tq[0].size), 1, _BATCH_STEPS))
+            self._work, self._batch = Workspace(tq.shape), Forcing(steps, tq.shape[1:])
         work, batch = self._work, self._batch
         for start in range(0, len(t_sec), batch.size):
             self._forcing(t_sec[start:start + batch.size], time_ns[start:start + batch.size], dt, batch)
             for k in range(batch.n):
-                self._interpolate(tq, batch, k, work)  # semi-Lagrangian advection into work.tq
+                interpolate(tq, batch, k, work)  # semi-Lagrangian advection into work.tq
                 self._tendencies(work.tq, batch, k, const, dt, work)
-                _diffuse(work.tq, const["nu"], work.lap, out=tq, edge=work.edge)  # back into the state
+                diffuse(work.tq, const["nu"], work.lap, out=tq, edge=work.edge)  # back into the state
                 np.maximum(tq[1], 0.0, out=tq[1])
                 # Skin anomaly behind the 2-m temperature diurnal cycle: driven by irradiance, damped
                 # in 3 h:  skin = (skin + dt * gain * excess) * exp(-dt / 3 h)
                 np.multiply(np.add(skin, batch.skin[k], out=skin), const["skin_decay"], out=skin)
         st["T"], st["Q"], st["skin"] = tq[0], tq[1], skin
 
-    @staticmethod
-    def _interpolate(tq: np.ndarray, batch: _Forcing, k: int, work: _Workspace) -> None:
-        """Bilinear interpolation of both fields of ``tq`` at the departure points of step ``k`` into ``work.tq``.
-
-        Per point: (1 - wi) * ((1 - wj) * f00 + wj * f01) + wi * ((1 - wj) * f10 + wj * f11).
-        """
-        corners = work.corners  # (2 fields, 4 corners, N)
-        # mode="wrap" only skips the bounds check: every index is in range by construction.
-        np.take(tq.reshape(2, -1), batch.idx[k].reshape(4, -1), axis=1, out=corners, mode="wrap")
-        w_row, w_col = batch.w_row[k].reshape(2, -1), batch.w_col[k].reshape(2, -1)
-        left, right = corners[:, :2], corners[:, 2:]  # j0 and j1 corners, each for rows i0 and i0 + 1
-        np.multiply(w_col[0], left, out=left)
-        np.multiply(w_col[1], right, out=right)
-        np.add(left, right, out=left)
-        np.multiply(w_row, left, out=left)
-        np.add(left[:, 0], left[:, 1], out=work.tq.reshape(2, -1))
-
-    def _tendencies(self, tq: np.ndarray, batch: _Forcing, k: int, const: dict, dt: float, work: _Workspace) -> None:
+    def _tendencies(self, tq: np.ndarray, batch: Forcing, k: int, const: dict, dt: float, work: Workspace) -> None:
         """Relaxation, heating, evaporation, drying and condensation of step ``k``, in place on ``tq``.
 
         The formula of each block is in its comment; the calls evaluate it in the same order.
@@ -512,72 +362,3 @@ class ToyAtmosphere:
         t2m = t_low + LAPSE_RATE * dz + st["skin"]
         return {"U": u, "V": v, "T": st["T"].copy(), "Q": st["Q"].copy(), "SP": sp, "t2m": t2m,
                 "tsi": toa_irradiance(time_ns, self.lat, self.lon)}
-
-
-class _Workspace:
-    """Scratch arrays of the per-step state update, allocated once and reused by every step."""
-
-    def __init__(self, tq_shape: tuple[int, ...]):
-        n_fields, shape = tq_shape[0], tq_shape[1:]
-        self.tq = np.empty(tq_shape)
-        self.lap = np.empty(tq_shape)
-        self.edge = np.empty(tq_shape[:-1])
-        self.corners = np.empty((n_fields, 4, int(np.prod(shape))))
-        self.tmp, self.q_sat, self.source = np.empty(shape), np.empty(shape), np.empty(shape)
-
-
-class _Forcing:
-    """State-independent forcing of up to ``size`` steps (leading axis), filled batch after batch.
-
-    Kept allocated on purpose: fresh arrays of this size come from mmap and cost a page fault per
-    4 KiB on first touch, which showed up as a large share of the run time.
-    """
-
-    BYTES_PER_POINT = 4 * 8 + 2 + 4 * 8 + 4 * 8  # per step and grid point: the arrays below
-
-    def __init__(self, size: int, shape: tuple[int, int, int]):
-        n_lev, n_lat, n_lon = shape
-        self.size = size
-        self.n = 0  # steps filled
-        self.u, self.v, self.tmp, self.heating = np.empty((4, size, *shape))  # u, v, tmp: scratch
-        self.mask, self.mask2 = np.empty((2, size, *shape), bool)
-        self.idx = np.empty((size, 4, *shape), np.intp)  # flat gather index of each corner
-        self.w_row, self.w_col = np.empty((2, size, 2, *shape))
-        self.t_eq = np.empty((size, n_lev, n_lat, 1))
-        self.skin = np.empty((size, n_lat, n_lon))
-
-
-def _remainder_inplace(x: np.ndarray, n: int, mask: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """``np.mod(x, n, out=x)`` for ``n > 0``, touching only the elements outside (0, n).
-
-    Inside that interval np.mod returns x itself, and np.mod on floats is slow (fmod per element),
-    so only the few departure points that cross the date line go through it. ``mask`` and
-    ``scratch`` are boolean arrays shaped like ``x``.
-    """
-    inside = np.logical_and(np.greater(x, 0.0, out=mask), np.less(x, n, out=scratch), out=mask)
-    outside = np.logical_not(inside, out=mask)
-    x[outside] = np.mod(x[outside], n)
-    return x
-
-
-def _diffuse(f: np.ndarray, nu: float, lap: np.ndarray, out: np.ndarray, edge: np.ndarray) -> np.ndarray:
-    """Grid-scale diffusion ``out = f + nu * lap`` of a 5-point Laplacian in index space on the last two axes.
-
-    Periodic in longitude, no-flux in latitude (an edge row is its own outer neighbour). The sum is
-    accumulated as north + south + west + east - 4 f, the order of the np.roll formulation. Each
-    neighbour is added with one shifted add over the flattened arrays (much faster than strided
-    slices); the rows and columns where that shift crosses a row or block boundary are then
-    overwritten with the correct sums. ``edge`` is scratch shaped like ``f[..., 0]``.
-    """
-    flat_f, flat_lap, n_lon = f.reshape(-1), lap.reshape(-1), f.shape[-1]
-    np.add(flat_f[:-2 * n_lon], flat_f[2 * n_lon:], out=flat_lap[n_lon:-n_lon])  # interior rows
-    np.add(f[..., 0, :], f[..., 1, :], out=lap[..., 0, :])  # first and last rows of every block
-    np.add(f[..., -2, :], f[..., -1, :], out=lap[..., -1, :])
-    np.add(lap[..., 0], f[..., -1], out=edge)  # west neighbour, np.roll(f, 1, -1); column 0 wraps
-    np.add(flat_lap[1:], flat_f[:-1], out=flat_lap[1:])
-    lap[..., 0] = edge
-    np.add(lap[..., -1], f[..., 0], out=edge)  # east neighbour, np.roll(f, -1, -1); last column wraps
-    np.add(flat_lap[:-1], flat_f[1:], out=flat_lap[:-1])
-    lap[..., -1] = edge
-    np.subtract(lap, np.multiply(4.0, f, out=out), out=lap)
-    return np.add(f, np.multiply(nu, lap, out=lap), out=out)
