@@ -15,16 +15,16 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .catalog import (HOUR_NS, TIME_NAME, DataError, FileInfo, fmt_time, level_index, open_store, parse_period,
-                      resolve_glob, scan_file)
-from .integrity import NONFINITE_MODES, NonFiniteData, missing_times_problem
+from .catalog import TIME_NAME, DataError, FileInfo, parse_period, resolve_glob, scan_file
+from .integrity import NONFINITE_MODES, NonFiniteData
+from .statistics_files import read_statistics
+from .time_index import TIME_ROLES, index_times, select_starts
 from .buffers import release, sample_buffer
 from .reader import VariableReader
 
 log = logging.getLogger(__name__)
 
 ROLES = ("upper_air", "surface", "forcing", "static", "diagnostic", "mean", "std")
-_TIME_ROLES = ("upper_air", "surface", "forcing", "diagnostic")
 
 
 @dataclass(frozen=True)
@@ -104,12 +104,16 @@ class ERA5Dataset(torch.utils.data.Dataset):
                 if p not in self._info:
                     self._info[p] = scan_file(p, level_dim)
         self._check_grid()
-        self._index_times(variables)
+        self._where, self._level_idx, self.step_ns = index_times(variables, self._files_with, self.levels, level_dim)
         self._static_info = {v: self._files_with("static", v, ("lat", "lon"))[0] for v in variables.static}
-        self._select_samples(period, int(stride))
+        files_of_role = {role: [self._info[p] for p in self._role_paths.get(role, [])] for role in TIME_ROLES}
+        self._starts = select_starts(self._where, self.step_ns, self.history_len, self.forecast_len, variables,
+                                     files_of_role, period, int(stride), self.allow_missing_times)
         self._period_ns = parse_period(period)
         if statistics:
-            self._load_statistics()
+            stats = read_statistics(self._role_paths, self._globs, variables, self.levels, level_dim)
+            self._state_stats, self._forcing_stats = stats["state"], stats["forcing"]
+            self._static_stats, self._target_stats = stats["static"], stats["target"]
         self._reader = VariableReader(self._where, self._level_idx, self.levels, level_dim)
         self._static_cache: np.ndarray | None = None
 
@@ -150,117 +154,6 @@ class ERA5Dataset(torch.utils.data.Dataset):
                                     f"(lat {info.lat[0]:g}..{info.lat[-1]:g}), {ref.path} has "
                                     f"{len(ref.lat)}x{len(ref.lon)} (lat {ref.lat[0]:g}..{ref.lat[-1]:g})")
         self._lat, self._lon = ref.lat.copy(), ref.lon.copy()
-
-    def _index_times(self, spec: VariableSpec) -> None:
-        """Per variable: sorted times and where each lives (file, index in file); the common step."""
-        step, step_file = None, None
-        self._where: dict[str, tuple[np.ndarray, list[FileInfo], np.ndarray, np.ndarray]] = {}
-        self._level_idx: dict[tuple[str, Path], list[int]] = {}
-        for role in _TIME_ROLES:
-            want = ("time", "level", "lat", "lon") if role == "upper_air" else ("time", "lat", "lon")
-            for var in getattr(spec, role):
-                infos = self._files_with(role, var, want)
-                times, fidx, lidx = [], [], []
-                for k, info in enumerate(infos):
-                    if info.times is None:
-                        raise DataError(f"{info.path} holds {var!r} ({role}) but has no {TIME_NAME!r} coordinate")
-                    if len(info.times) > 1:
-                        diffs = np.unique(np.diff(info.times))
-                        if len(diffs) != 1 or diffs[0] <= 0:
-                            raise DataError(f"time axis of {info.path} ({var!r}) is not uniformly increasing; "
-                                            f"steps found (h): {sorted(set(diffs / HOUR_NS))[:5]}")
-                        if step is None:
-                            step, step_file = int(diffs[0]), info.path
-                        elif diffs[0] != step:
-                            raise DataError(f"time step of {info.path} ({diffs[0] / HOUR_NS:g} h) differs from "
-                                            f"{step_file} ({step / HOUR_NS:g} h)")
-                    if role == "upper_air":
-                        self._level_idx[(var, info.path)] = [level_index(info, var, lv, self.level_dim)
-                                                             for lv in self.levels]
-                    times.append(info.times)
-                    fidx.append(np.full(len(info.times), k))
-                    lidx.append(np.arange(len(info.times)))
-                t = np.concatenate(times)
-                order = np.argsort(t, kind="stable")
-                t, f, li = t[order], np.concatenate(fidx)[order], np.concatenate(lidx)[order]
-                if len(t) > 1 and np.any(np.diff(t) == 0):
-                    dup = t[np.flatnonzero(np.diff(t) == 0)[0]]
-                    raise DataError(f"time {fmt_time(dup)} of {var!r} appears in more than one of "
-                                    f"{[i.name for i in infos]}")
-                self._where[var] = (t, infos, f, li)
-        if step is None:
-            raise DataError("cannot infer the time step: every file of the time-dependent roles holds a single time")
-        self.step_ns = step
-
-    def _select_samples(self, period: tuple[str, str], stride: int) -> None:
-        start, end = parse_period(period)
-        all_times = [w[0] for w in self._where.values()]
-        first, last = min(t[0] for t in all_times), max(t[-1] for t in all_times)
-        data_files = sorted({i.name for w in self._where.values() for i in w[1]})
-        if start < first or end >= last + self.step_ns:
-            raise DataError(f"period {tuple(period)} lies outside the data: files {data_files} span "
-                            f"{fmt_time(first)} to {fmt_time(last)} every {self.step_ns / HOUR_NS:g} h")
-        n = self.history_len + self.forecast_len
-        role_of = {v: role for role in _TIME_ROLES for v in getattr(self.variables, role)}
-        files_of_role = {role: [self._info[p] for p in self._role_paths.get(role, [])] for role in _TIME_ROLES}
-        problem = missing_times_problem({v: w[0] for v, w in self._where.items()}, role_of, files_of_role,
-                                        start, end, n, self.step_ns)
-        if problem and not self.allow_missing_times:
-            raise DataError(f"period {tuple(period)}: {problem}; set data.allow_missing_times=true to "
-                            f"train on the rest")
-        if problem:
-            log.warning("period %s: %s (data.allow_missing_times=true: left out)", tuple(period), problem)
-        valid = all_times[0]
-        for t in all_times[1:]:
-            valid = np.intersect1d(valid, t, assume_unique=True)
-        valid = valid[(valid >= start) & (valid <= end)]
-        ok = np.ones(len(valid), bool)
-        for k in range(1, n):
-            ok &= np.isin(valid + k * self.step_ns, valid, assume_unique=True)
-        self._starts = valid[ok][::stride]
-        if len(self._starts) == 0:
-            raise DataError(f"period {tuple(period)} yields no sample of {n} consecutive "
-                            f"{self.step_ns / HOUR_NS:g}-hourly times (history_len={self.history_len}, "
-                            f"forecast_len={self.forecast_len}) present in all of {data_files}")
-
-    def _load_statistics(self) -> None:
-        spec = self.variables
-        stats = {}
-        for role in ("mean", "std"):
-            opened = [open_store(p) for p in self._role_paths[role]]
-            try:
-                for var in spec.upper_air + spec.surface + spec.forcing + spec.static + spec.diagnostic:
-                    hit = next((ds for ds in opened if var in ds.data_vars), None)
-                    src = self._role_paths[role][[ds is hit for ds in opened].index(True)] if hit is not None else None
-                    if hit is None:
-                        raise DataError(f"variable {var!r} not found in the {role} files "
-                                        f"{[p.name for p in self._role_paths[role]]} matching {self._globs[role]!r}")
-                    da = hit[var]
-                    if var in spec.upper_air and self.level_dim in da.dims:
-                        info = scan_file(src, self.level_dim)
-                        vals = da.values[[level_index(info, var, lv, self.level_dim) for lv in self.levels]]
-                    elif da.size == 1:
-                        vals = np.full(len(self.levels) if var in spec.upper_air else 1, float(da.values))
-                    else:
-                        raise DataError(f"{role} of {var!r} in {src} has dims {da.dims}; expected a scalar"
-                                        + (f" or a {self.level_dim!r} profile" if var in spec.upper_air else ""))
-                    vals = np.asarray(vals, np.float64).reshape(-1)
-                    if not np.all(np.isfinite(vals)) or (role == "std" and np.any(vals <= 0)):
-                        raise DataError(f"{role} of {var!r} in {src} must be finite{' and > 0' * (role == 'std')}, "
-                                        f"got {vals.tolist()}")
-                    stats[(role, var)] = vals
-            finally:
-                for ds in opened:
-                    ds.close()
-        def cat(names):
-            if not names:
-                return np.zeros(0), np.ones(0)
-            return (np.concatenate([stats[("mean", v)] for v in names]),
-                    np.concatenate([stats[("std", v)] for v in names]))
-        self._state_stats = cat(spec.upper_air + spec.surface)
-        self._forcing_stats = cat(spec.forcing)
-        self._static_stats = cat(spec.static)
-        self._target_stats = cat(spec.upper_air + spec.surface + spec.diagnostic)
 
     # ---------------------------------------------------------------------- reading
     @property
