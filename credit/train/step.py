@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -14,7 +15,7 @@ from credit.models.spectral_norm import defer_spectral_norm_backward, finish_spe
 from credit.parallel import clip_grad_norm_, sync_replicated_gradients
 from credit.parallel.exact_norm import clip_grad_norm_exact_
 from credit.parallel.tree_reduce import tree_all_reduce_gradients
-from credit.train.deterministic import forecast_sample_sums
+from credit.train.deterministic import forecast_sample_sums, global_loss
 from credit.train.forecast import forecast_loss
 from credit.train.losses import WeightedLoss
 
@@ -59,3 +60,21 @@ def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: 
         grad_norm = clip_grad_norm_(model.parameters(), max_norm, dynamic_scale=dynamic_scale)
     optimizer.step()
     return grad_norm
+
+
+def step_loss(losses: list[torch.Tensor], loss_scale: float | None, mesh: DeviceMesh | None, deterministic: bool,
+              device: torch.device) -> float:
+    """The step's loss, the same on every rank: the mean over micro-batches and dp replicas,
+    or in deterministic mode the tree over every sample of the step (`loss_scale`: the
+    backward seed `backward_micro_batch` returned)."""
+    dp_group = mesh["dp"].get_group() if mesh is not None else None
+    if deterministic:
+        return global_loss(losses, loss_scale, dp_group)
+    value = 0.0
+    for loss in losses:
+        value += float(loss) / len(losses)
+    if mesh is None or mesh["dp"].size() == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=dp_group)
+    return float(total) / mesh["dp"].size()

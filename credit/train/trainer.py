@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
 
 from credit.checkpoint.config_check import check_resume_config
 from credit.checkpoint.manager import CheckpointManager
@@ -27,9 +26,7 @@ from credit.diagnostics import SDC_COLUMNS, SDCDetector, StepReport
 from credit.data import (
     DPShardedBatchSampler,
     build_dataset,
-    collate_samples,
     ensure_dataset,
-    evenly_spaced,
     latitude_weights,
     model_layout,
     recycled,
@@ -37,29 +34,19 @@ from credit.data import (
 from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_model
 from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
-from credit.train.deterministic import global_loss
+from credit.train.loaders import build_loaders
 from credit.train.losses import WeightedLoss, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
 from credit.train.memory import PeakMemory, mib
 from credit.train.progress import TrainingProgress
+from credit.train.resume_config import apply_config_hyperparameters
 from credit.train.schedule import lambda_schedule, schedule_function
 from credit.train.sdc_response import SDCResponse
-from credit.train.step import backward_micro_batch, update_parameters
+from credit.train.step import backward_micro_batch, step_loss, update_parameters
 from credit.train.validation import evaluate, output_channel_variables
 
 log = logging.getLogger(__name__)
-
-
-class _Batches:
-    """Endless batch-index stream for a DataLoader, starting at the sampler's position."""
-
-    def __init__(self, sampler: DPShardedBatchSampler) -> None:
-        self.sampler = sampler
-
-    def __iter__(self):
-        for _, _, indices in self.sampler.iterate_forever():
-            yield indices
 
 
 @dataclass
@@ -172,23 +159,9 @@ class Trainer:
                      trainer.epochs, trainer.epochs_per_job, per_epoch, trainer.max_steps, trainer.steps_per_job)
 
     def _build_loaders(self) -> None:
-        data = self.cfg.data
         self.sampler.set_position(self.progress.epoch, self.progress.batch_in_epoch)
-        self.loader = DataLoader(
-            self.train_set,
-            batch_sampler=_Batches(self.sampler),
-            num_workers=data.num_workers,
-            persistent_workers=data.num_workers > 0,
-            collate_fn=collate_samples,
-        )
-        valid_indices = evenly_spaced(data.valid_samples, len(self.valid_set))
-        self.valid_loader = DataLoader(
-            torch.utils.data.Subset(self.valid_set, valid_indices),
-            batch_size=self.cfg.trainer.batch_size,
-            shuffle=False,
-            num_workers=0,
-            collate_fn=collate_samples,
-        )
+        self.loader, self.valid_loader = build_loaders(self.train_set, self.valid_set, self.sampler, self.cfg.data,
+                                                       self.cfg.trainer.batch_size)
 
     # ----------------------------------------------------------- checkpoints
     @property
@@ -235,26 +208,9 @@ class Trainer:
                         "skipped in this job (each replaced by the next finite one)", int(total))
 
     def _apply_config_hyperparameters(self) -> None:
-        """The config wins on resume: optimizer hyperparameters and the schedule come from
-        `trainer.*`, not from the checkpoint (users extend and fine-tune runs this way); the
-        schedule is rebuilt at the resumed step. One log line per changed value."""
-        trainer = self.cfg.trainer
-        opt, sched = trainer.optimizer, trainer.scheduler
-        wanted = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
-        changes: dict[str, tuple] = {}
-        for group in self.optimizer.param_groups:
-            for key, value in wanted.items():
-                stored = group.get("initial_lr", group["lr"]) if key == "lr" else group[key]
-                if (tuple(stored) if key == "betas" else stored) != value:
-                    changes[f"trainer.optimizer.{key}"] = (stored, value)
-                group["initial_lr" if key == "lr" else key] = value
-        saved = vars(self.scheduler.lr_lambdas[0])  # the schedule's parameters as saved
-        schedule = schedule_function(sched, trainer.max_steps, self.sampler.batches_per_epoch)
-        for name, now in vars(schedule).items():
-            before = saved.get(name)
-            if now != before:
-                changes["trainer.max_steps" if name == "max_steps" else f"trainer.scheduler.{name}"] = (before, now)
-        self.scheduler = lambda_schedule(self.optimizer, schedule, step=self.step)
+        """The config wins on resume (`credit.train.resume_config`): one log line per changed value."""
+        self.scheduler, changes = apply_config_hyperparameters(
+            self.optimizer, self.scheduler, self.cfg.trainer, self.sampler.batches_per_epoch, self.step)
         if self.runtime.is_main:
             for key, (before, now) in changes.items():
                 log.info("resume: %s %s -> %s (the config wins; checkpoint value replaced)", key, before, now)
@@ -288,7 +244,8 @@ class Trainer:
             with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * local_batch,
                               local_batch):
                 losses.append(self._backward(batch))
-        loss_value = self._step_loss(losses)  # every rank agrees before deciding
+        loss_value = step_loss(losses, self._loss_scale, self.runtime.mesh, self.deterministic,
+                               self.runtime.device)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
             return self._non_finite(loss_value, started)
         lr = self.scheduler.get_last_lr()[0]
@@ -320,7 +277,7 @@ class Trainer:
                                  f"trainer.optimizer.lr or enable trainer.grad_clip{cause}")
 
     def _backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns what `_step_loss` combines:
+        """Forward and backward of one micro-batch; returns what `step_loss` combines:
         the micro-batch's mean loss, or in deterministic mode its per-sample sums."""
         accum = self.cfg.trainer.grad_accum_steps
         loss, self._loss_scale = backward_micro_batch(
@@ -328,22 +285,6 @@ class Trainer:
             step_samples=self.sampler.global_batch_size * accum,
             forecast_steps=self.cfg.trainer.loss.forecast_steps)
         return loss
-
-    def _step_loss(self, losses: list[torch.Tensor]) -> float:
-        """The step's loss, the same on every rank: the mean over micro-batches and dp
-        replicas, or in deterministic mode the tree over every sample of the step."""
-        mesh = self.runtime.mesh
-        dp_group = mesh["dp"].get_group() if mesh is not None else None
-        if self.deterministic:
-            return global_loss(losses, self._loss_scale, dp_group)
-        value = 0.0
-        for loss in losses:
-            value += float(loss) / len(losses)
-        if mesh is None or mesh["dp"].size() == 1:
-            return value
-        total = torch.tensor([value], dtype=torch.float64, device=self.runtime.device)
-        dist.all_reduce(total, group=dp_group)
-        return float(total) / mesh["dp"].size()
 
     def validate(self) -> dict[str, float]:
         return evaluate(
