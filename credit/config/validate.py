@@ -1,174 +1,30 @@
 """Checks on a composed config that its types alone cannot express.
 
 Runs before any data, model or process-group work. Each failure raises `ConfigError`
-with one line naming the key, the value and what is allowed.
+with one line naming the key, the value and what is allowed (`credit.config.checks`);
+the `model.*` checks are `credit.config.validate_model`'s.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+
+from credit.config.checks import ConfigError, check, check_each
+from credit.config.validate_model import CREDIT_MODELS, validate_model
 
 PARALLEL_DATA_MODES = ("fsdp2", "ddp", "none")
 MIXED_PRECISION = ("none", "bf16")
 SHARD_GRANULARITY = ("block", "grouped")
 RESUME_MODES = ("auto", "never")
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A config key holds a value the run cannot use."""
-
-
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={_show(value)} is invalid: {allowed}")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
-        return str(list(value))
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def _each(key: str, values: Any, test: Callable[[Any], bool], allowed: str) -> None:
-    for value in values:
-        _check(test(value), key, values, allowed)
-
-
-def heads_split_error(heads: int, tensor: int) -> str | None:
-    """The rule for splitting attention over tensor-parallel ranks, stated once (the config
-    check and `Attention._tp_constraints` both use it): each rank owns whole heads.
-    None when `heads` splits over `tensor` ranks, else what would work."""
-    if heads % tensor == 0:
-        return None
-    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-    return f"each tensor-parallel rank must own whole attention heads; use tensor in {divisors}"
-
-
-GEMM_MODES = ("fast", "deterministic")
-# this project's names for CREDIT's classes are CREDIT's registry names (docs/credit_models.md)
-CREDIT_MODELS = ("crossformer", "wxformer", "nextgen_wxformer")
-ASYMMETRIC_CROSS_EMBED = ("wxformer", "nextgen_wxformer")  # ZeroPad2d(k - s) branches
-DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
-SPECTRAL_NORM_TP = ("shard", "replicate")
 NONFINITE_MODES = ("error", "skip_sample")  # data.nonfinite
 DATA_LAYOUTS = ("native", "credit-gen1", "credit-gen2")  # data.layout
 SCHEDULES = ("warmup_cosine", "cosine_restarts", "epoch_cosine", "epoch_lambda")  # trainer.scheduler.type
-
-
-def deterministic_split_error(what: str, key: str, width: int, tensor: int) -> str | None:
-    """The rule for layout-invariant tensor parallelism, stated once: the deterministic GEMM
-    reduces over 32-wide leaves combined by a binary tree, so a split is a subtree of the
-    one-rank reduction only when `tensor` is a power of two and each rank gets a multiple
-    of 32. None when `width` (the `key` named) splits, else what would work."""
-    from credit.kernels.gemm import LEAF
-
-    if tensor == 1:
-        return None
-    if tensor & (tensor - 1):
-        return (f"model.gemm=deterministic needs trainer.parallelism.tensor a power of two "
-                f"(the GEMM's reduction tree splits in halves), got {tensor}")
-    if width % (LEAF * tensor) == 0:
-        return None
-    return (f"model.gemm=deterministic with trainer.parallelism.tensor={tensor} needs {what} "
-            f"{key}={width} to give a multiple of {LEAF} per rank, got {width / tensor:g}; use a "
-            f"multiple of {LEAF * tensor} or a smaller tensor")
-
-
-def _validate_stages(model: DictConfig, tensor: int, credit_layout: bool) -> None:
-    """Stage lists, widths, heads and kernels: the rules both model families share."""
-    stages = len(model.dim)
-    _check(stages >= 1, "model.dim", model.dim, "give at least one stage width")
-    if credit_layout:
-        _check(stages == 4, "model.dim", model.dim, "CREDIT's models have four encoder stages")
-    for key in ("depth", "local_window_size", "global_window_size", "cross_embed_kernel_sizes",
-                "cross_embed_strides"):
-        _check(len(model[key]) == stages, f"model.{key}", model[key],
-               f"needs one entry per stage ({stages}, the length of model.dim)")
-    _each("model.dim", model.dim, lambda d: d >= 1, "widths must be >= 1")
-    _each("model.depth", model.depth, lambda d: d >= 1, "depths must be >= 1")
-    _check(model.dim_head >= 1, "model.dim_head", model.dim_head, "must be >= 1")
-    for i, width in enumerate(model.dim):
-        _check(width % model.dim_head == 0, "model.dim_head", model.dim_head,
-               f"must divide every stage width (model.dim[{i}]={width})")
-        heads = width // model.dim_head
-        problem = heads_split_error(heads, tensor)
-        _check(problem is None, "trainer.parallelism.tensor", tensor,
-               f"must divide the heads of every stage (stage {i} has {heads} heads = "
-               f"model.dim[{i}]={width} / model.dim_head={model.dim_head}); {problem}")
-    _each("model.local_window_size", model.local_window_size, lambda w: w >= 1, "must be >= 1")
-    _each("model.global_window_size", model.global_window_size, lambda w: w >= 1, "must be >= 1")
-    _each("model.cross_embed_strides", model.cross_embed_strides, lambda s: s >= 1, "must be >= 1")
-    for i, (kernels, stride) in enumerate(zip(model.cross_embed_kernel_sizes, model.cross_embed_strides)):
-        _check(len(kernels) >= 1, f"model.cross_embed_kernel_sizes[{i}]", kernels, "needs a kernel")
-        for k in kernels:
-            # wxformer and nextgen_wxformer pad each branch asymmetrically by k - stride; the
-            # older crossformer and the windowformer by (k - stride) // 2 on each side
-            asymmetric = model.name in ASYMMETRIC_CROSS_EMBED
-            ok = k >= stride and (asymmetric or (k - stride) % 2 == 0)
-            _check(ok, f"model.cross_embed_kernel_sizes[{i}]", kernels,
-                   f"each kernel must be >= the stride {stride}"
-                   + ("" if asymmetric else " and differ from it by an even number")
-                   + ", so the output grid is the input grid / stride")
-    for key in ("attn_dropout", "ff_dropout"):
-        _check(0.0 <= model[key] < 1.0, f"model.{key}", model[key], "must be in [0, 1)")
-    _check(model.gemm in GEMM_MODES, "model.gemm", model.gemm, f"allowed: {list(GEMM_MODES)}")
-    _check(model.spectral_norm_tp in SPECTRAL_NORM_TP, "model.spectral_norm_tp", model.spectral_norm_tp,
-           f"allowed: {list(SPECTRAL_NORM_TP)}")
-
-
-def _validate_credit_model(model: DictConfig) -> None:
-    last = model.dim[-1]
-    doubling = [last // 8, last // 4, last // 2, last]
-    _check(list(model.dim) == doubling and last % 8 == 0, "model.dim", model.dim,
-           "CREDIT's decoder needs stage widths that double: (d, 2d, 4d, 8d)")
-    for key in ("image_height", "image_width", "frames", "channels", "levels"):
-        _check(model[key] is None or model[key] >= 1, f"model.{key}", model[key], "must be >= 1 or null")
-    for key in ("surface_channels", "input_only_channels", "output_only_channels"):
-        _check(model[key] is None or model[key] >= 0, f"model.{key}", model[key], "must be >= 0 or null")
-    if model.name == "crossformer":
-        _check(model.attention_type in (None, "none", *DECODER_ATTENTION), "model.attention_type",
-               model.attention_type, f"allowed: null, {', '.join(DECODER_ATTENTION)}")
-    if model.name in ("crossformer", "wxformer"):
-        pad = model.padding_conf
-        _check(pad.mode in ("earth", "mirror"), "model.padding_conf.mode", pad.mode, "allowed: 'earth', 'mirror'")
-        for key in ("pad_lat", "pad_lon"):
-            _check(len(pad[key]) == 2 and min(pad[key]) >= 0, f"model.padding_conf.{key}", pad[key],
-                   "must be two sizes >= 0")
-    else:
-        for key in ("col_attn_heads", "col_attn_stride", "num_spectral_nodes"):
-            _check(model[key] >= 1, f"model.{key}", model[key], "must be >= 1")
-
-
-def validate_model(model: DictConfig, tensor: int = 1) -> None:
-    credit_layout = model.name in CREDIT_MODELS
-    _check(credit_layout or model.name == "windowformer", "model.name", model.name,
-           f"allowed: {['windowformer', *CREDIT_MODELS]}")
-    _validate_stages(model, tensor, credit_layout)
-    if credit_layout:
-        _validate_credit_model(model)
-    else:
-        _check(model.ff_mult >= 1, "model.ff_mult", model.ff_mult, "must be >= 1")
-        _check(model.padding in ("earth", "none"), "model.padding", model.padding,
-               "allowed: 'earth', 'none'")
-    if model.gemm == "deterministic":
-        _validate_deterministic_tensor(tensor)
-
-
-def _validate_deterministic_tensor(tensor: int) -> None:
-    """The GEMM's reduction tree splits in halves: tensor parallelism in deterministic mode
-    needs a power-of-two degree. (A block whose widths do not split into whole leaves is kept
-    whole on every tp rank: `credit.parallel.tensor_parallel`.)"""
-    problem = deterministic_split_error("", "", 0, tensor)
-    if problem:
-        raise ConfigError(problem)
 
 
 def _parse_time(key: str, value: str) -> np.datetime64:
@@ -179,159 +35,159 @@ def _parse_time(key: str, value: str) -> np.datetime64:
 
 
 def validate_data(data: DictConfig) -> None:
-    _check(data.history_len >= 1, "data.history_len", data.history_len, "must be >= 1")
-    _check(data.nonfinite in NONFINITE_MODES, "data.nonfinite", data.nonfinite,
+    check(data.history_len >= 1, "data.history_len", data.history_len, "must be >= 1")
+    check(data.nonfinite in NONFINITE_MODES, "data.nonfinite", data.nonfinite,
            f"allowed: {list(NONFINITE_MODES)}")
-    _check(data.forecast_len >= 1, "data.forecast_len", data.forecast_len, "must be >= 1")
-    _check(data.num_workers >= 0, "data.num_workers", data.num_workers, "must be >= 0")
-    _check(data.valid_samples >= 1, "data.valid_samples", data.valid_samples, "must be >= 1")
-    _check(len(data.levels) >= 1 or not data.variables.upper_air, "data.levels", data.levels,
+    check(data.forecast_len >= 1, "data.forecast_len", data.forecast_len, "must be >= 1")
+    check(data.num_workers >= 0, "data.num_workers", data.num_workers, "must be >= 0")
+    check(data.valid_samples >= 1, "data.valid_samples", data.valid_samples, "must be >= 1")
+    check(len(data.levels) >= 1 or not data.variables.upper_air, "data.levels", data.levels,
            "give at least one pressure level for the upper-air variables")
-    _check(len(data.variables.upper_air) + len(data.variables.surface) >= 1,
+    check(len(data.variables.upper_air) + len(data.variables.surface) >= 1,
            "data.variables", "", "give at least one prognostic variable (upper_air or surface)")
     for key in ("train_period", "valid_period"):
         period = data[key]
-        _check(len(period) == 2, f"data.{key}", period, "give [start, end]")
+        check(len(period) == 2, f"data.{key}", period, "give [start, end]")
         start, end = (_parse_time(f"data.{key}", v) for v in period)
-        _check(start <= end, f"data.{key}", period, "start must not be after end")
-    _check(data.layout in DATA_LAYOUTS, "data.layout", data.layout, f"one of {list(DATA_LAYOUTS)}")
+        check(start <= end, f"data.{key}", period, "start must not be after end")
+    check(data.layout in DATA_LAYOUTS, "data.layout", data.layout, f"one of {list(DATA_LAYOUTS)}")
     if data.layout == "credit-gen1":
         credit = data.credit
-        _check(credit.skip_periods >= 1, "data.credit.skip_periods", credit.skip_periods, "must be >= 1")
-        _check(credit.skip_periods == 1 or data.forecast_len == 1, "data.credit.skip_periods", credit.skip_periods,
+        check(credit.skip_periods >= 1, "data.credit.skip_periods", credit.skip_periods, "must be >= 1")
+        check(credit.skip_periods == 1 or data.forecast_len == 1, "data.credit.skip_periods", credit.skip_periods,
                "1 when data.forecast_len > 1 (CREDIT calls skip_periods with multi-step training unstable)")
-        _check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
+        check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
                "data.credit.clamp", credit.clamp, "null or [low, high] with low < high")
         for role in ("upper_air", "surface", "static", "diagnostic"):
-            _check(not data.variables[role] or bool(credit.files[role]), f"data.credit.files.{role}",
+            check(not data.variables[role] or bool(credit.files[role]), f"data.credit.files.{role}",
                    credit.files[role], f"a glob for data.variables.{role}={list(data.variables[role])}")
-        _check(not data.variables.forcing or bool(credit.files.dynamic_forcing), "data.credit.files.dynamic_forcing",
+        check(not data.variables.forcing or bool(credit.files.dynamic_forcing), "data.credit.files.dynamic_forcing",
                credit.files.dynamic_forcing, "a glob for data.variables.forcing (CREDIT's dynamic forcing)")
-        _check(not credit.forcing_file_variables or bool(credit.files.forcing), "data.credit.files.forcing",
+        check(not credit.forcing_file_variables or bool(credit.files.forcing), "data.credit.files.forcing",
                credit.files.forcing, "the forcing file of data.credit.forcing_file_variables")
         for role in ("mean", "std"):
-            _check(bool(credit.files[role]), f"data.credit.files.{role}", credit.files[role], "the statistics file")
-        _check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
+            check(bool(credit.files[role]), f"data.credit.files.{role}", credit.files[role], "the statistics file")
+        check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
                "false with data.layout=credit-gen1 (`credit data generate --layout credit-gen1` writes such data)")
     if data.layout == "credit-gen2":
         _validate_credit_gen2(data)
     gen = data.generate
-    _check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
+    check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
            "give [n_latitudes, n_longitudes], each >= 4")
-    _check(set(gen.train_years) <= set(gen.years), "data.generate.train_years", gen.train_years,
+    check(set(gen.train_years) <= set(gen.years), "data.generate.train_years", gen.train_years,
            f"must be among data.generate.years={list(gen.years)}")
 
 
 def _validate_credit_gen2(data: DictConfig) -> None:
     credit, files = data.credit, data.credit.files
-    _check(bool(credit.timestep), "data.credit.timestep", credit.timestep, "the master clock's step, e.g. '6h' "
+    check(bool(credit.timestep), "data.credit.timestep", credit.timestep, "the master clock's step, e.g. '6h' "
            "(CREDIT's data.timestep)")
     try:
         step = pd.Timedelta(credit.timestep)
     except ValueError:
         step = pd.Timedelta(0)
-    _check(step > pd.Timedelta(0), "data.credit.timestep", credit.timestep, "a positive time span, e.g. '6h'")
-    _check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
+    check(step > pd.Timedelta(0), "data.credit.timestep", credit.timestep, "a positive time span, e.g. '6h'")
+    check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
            "data.credit.clamp", credit.clamp, "null or [low, high] with low < high")
-    _check(not credit.forcing_file_variables, "data.credit.forcing_file_variables", list(credit.forcing_file_variables),
+    check(not credit.forcing_file_variables, "data.credit.forcing_file_variables", list(credit.forcing_file_variables),
            "empty with data.layout=credit-gen2 (gen2 forcing is data.variables.forcing, CREDIT's dynamic_forcing)")
-    _check(credit.skip_periods == 1, "data.credit.skip_periods", credit.skip_periods, "1 with data.layout=credit-gen2")
-    _check(credit.stats_levels is None or all(int(p) >= 1 for p in credit.stats_levels), "data.credit.stats_levels",
+    check(credit.skip_periods == 1, "data.credit.skip_periods", credit.skip_periods, "1 with data.layout=credit-gen2")
+    check(credit.stats_levels is None or all(int(p) >= 1 for p in credit.stats_levels), "data.credit.stats_levels",
            credit.stats_levels, "null or 1-indexed positions on the statistics' level axis")
     v = data.variables
     for role, names in (("prognostic", [*v.upper_air, *v.surface]), ("dynamic_forcing", list(v.forcing)),
                         ("static", list(v.static)), ("diagnostic", list(v.diagnostic))):
-        _check(not names or bool(files[role]), f"data.credit.files.{role}", files[role],
+        check(not names or bool(files[role]), f"data.credit.files.{role}", files[role],
                f"a path template for {names}")
     for role in ("mean", "std"):
-        _check(bool(files[role]), f"data.credit.files.{role}", files[role], "the era5_normalizer's statistics file")
-    _check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
+        check(bool(files[role]), f"data.credit.files.{role}", files[role], "the era5_normalizer's statistics file")
+    check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
            "false with data.layout=credit-gen2 (`credit data generate --layout credit-gen2` writes such data)")
 
 
 def validate_trainer(trainer: DictConfig) -> None:
-    _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "must be >= 1")
-    _check(trainer.steps_per_job >= 0, "trainer.steps_per_job", trainer.steps_per_job,
+    check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "must be >= 1")
+    check(trainer.steps_per_job >= 0, "trainer.steps_per_job", trainer.steps_per_job,
            "must be >= 0 (0: run to trainer.max_steps)")
-    _check(trainer.batch_size >= 1, "trainer.batch_size", trainer.batch_size, "must be >= 1")
-    _check(trainer.grad_accum_steps >= 1, "trainer.grad_accum_steps", trainer.grad_accum_steps,
+    check(trainer.batch_size >= 1, "trainer.batch_size", trainer.batch_size, "must be >= 1")
+    check(trainer.grad_accum_steps >= 1, "trainer.grad_accum_steps", trainer.grad_accum_steps,
            "must be >= 1")
-    _check(trainer.grad_clip >= 0 and math.isfinite(trainer.grad_clip), "trainer.grad_clip",
+    check(trainer.grad_clip >= 0 and math.isfinite(trainer.grad_clip), "trainer.grad_clip",
            trainer.grad_clip, "must be >= 0 (0 disables clipping)")
-    _check(trainer.epochs >= 0, "trainer.epochs", trainer.epochs, "must be >= 0 (0: trainer.max_steps)")
-    _check(trainer.epochs_per_job >= 0, "trainer.epochs_per_job", trainer.epochs_per_job,
+    check(trainer.epochs >= 0, "trainer.epochs", trainer.epochs, "must be >= 0 (0: trainer.max_steps)")
+    check(trainer.epochs_per_job >= 0, "trainer.epochs_per_job", trainer.epochs_per_job,
            "must be >= 0 (0: trainer.steps_per_job)")
-    _check(trainer.valid_every_n_steps >= 0, "trainer.valid_every_n_steps",
+    check(trainer.valid_every_n_steps >= 0, "trainer.valid_every_n_steps",
            trainer.valid_every_n_steps, "must be >= 0 (0: only at the end)")
-    _check(trainer.device in DEVICES, "trainer.device", trainer.device, f"allowed: {list(DEVICES)}")
+    check(trainer.device in DEVICES, "trainer.device", trainer.device, f"allowed: {list(DEVICES)}")
     resume = trainer.resume
-    _check(resume in RESUME_MODES or os.path.exists(resume), "trainer.resume", resume,
+    check(resume in RESUME_MODES or os.path.exists(resume), "trainer.resume", resume,
            "use 'auto', 'never' or the path of an existing checkpoint")
     start = trainer.credit_start
     if start.checkpoint:
-        _check(os.path.isfile(start.checkpoint), "trainer.credit_start.checkpoint", start.checkpoint,
+        check(os.path.isfile(start.checkpoint), "trainer.credit_start.checkpoint", start.checkpoint,
                "no such file (CREDIT's trainer writes save_loc/checkpoint.pt)")
-        _check(resume in RESUME_MODES, "trainer.credit_start.checkpoint", start.checkpoint,
+        check(resume in RESUME_MODES, "trainer.credit_start.checkpoint", start.checkpoint,
                f"applies when run_dir holds no checkpoint of this project; trainer.resume={resume} names one: "
                "give one of the two")
     for flag in ("optimizer", "reload_epoch"):
-        _check(start.checkpoint or not start[flag], f"trainer.credit_start.{flag}", start[flag],
+        check(start.checkpoint or not start[flag], f"trainer.credit_start.{flag}", start[flag],
                "needs trainer.credit_start.checkpoint (CREDIT's checkpoint.pt)")
     opt = trainer.optimizer
-    _check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
-    _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",
+    check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
+    check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",
            opt.betas, "give two values in [0, 1)")
-    _check(opt.weight_decay >= 0, "trainer.optimizer.weight_decay", opt.weight_decay, "must be >= 0")
-    _check(opt.eps > 0, "trainer.optimizer.eps", opt.eps, "must be > 0")
+    check(opt.weight_decay >= 0, "trainer.optimizer.weight_decay", opt.weight_decay, "must be >= 0")
+    check(opt.eps > 0, "trainer.optimizer.eps", opt.eps, "must be > 0")
     sched = trainer.scheduler
-    _check(sched.warmup_steps >= 0, "trainer.scheduler.warmup_steps", sched.warmup_steps,
+    check(sched.warmup_steps >= 0, "trainer.scheduler.warmup_steps", sched.warmup_steps,
            "must be >= 0")
-    _check(sched.total_steps >= 0, "trainer.scheduler.total_steps", sched.total_steps,
+    check(sched.total_steps >= 0, "trainer.scheduler.total_steps", sched.total_steps,
            "must be >= 0 (0: trainer.max_steps)")
-    _check(sched.type in SCHEDULES, "trainer.scheduler.type", sched.type, f"one of {list(SCHEDULES)}")
+    check(sched.type in SCHEDULES, "trainer.scheduler.type", sched.type, f"one of {list(SCHEDULES)}")
     if sched.type == "cosine_restarts":
-        _check(sched.first_cycle_steps > sched.warmup_steps, "trainer.scheduler.first_cycle_steps",
+        check(sched.first_cycle_steps > sched.warmup_steps, "trainer.scheduler.first_cycle_steps",
                sched.first_cycle_steps, f"must exceed trainer.scheduler.warmup_steps={sched.warmup_steps}")
-        _check(sched.cycle_mult > 0 and sched.gamma > 0, "trainer.scheduler.cycle_mult/gamma",
+        check(sched.cycle_mult > 0 and sched.gamma > 0, "trainer.scheduler.cycle_mult/gamma",
                [sched.cycle_mult, sched.gamma], "must be > 0")
     if sched.type == "epoch_cosine":
-        _check(sched.t_max_epochs >= 1, "trainer.scheduler.t_max_epochs", sched.t_max_epochs, "must be >= 1")
-    _check(0 <= sched.min_lr_ratio <= 1, "trainer.scheduler.min_lr_ratio", sched.min_lr_ratio,
+        check(sched.t_max_epochs >= 1, "trainer.scheduler.t_max_epochs", sched.t_max_epochs, "must be >= 1")
+    check(0 <= sched.min_lr_ratio <= 1, "trainer.scheduler.min_lr_ratio", sched.min_lr_ratio,
            "must be in [0, 1]")
     ckpt = trainer.checkpoint
-    _check(ckpt.every_n_steps >= 0, "trainer.checkpoint.every_n_steps", ckpt.every_n_steps,
+    check(ckpt.every_n_steps >= 0, "trainer.checkpoint.every_n_steps", ckpt.every_n_steps,
            "must be >= 0 (0: only at the end)")
-    _check(ckpt.keep_latest_k >= 1, "trainer.checkpoint.keep_latest_k", ckpt.keep_latest_k,
+    check(ckpt.keep_latest_k >= 1, "trainer.checkpoint.keep_latest_k", ckpt.keep_latest_k,
            "must be >= 1")
     par = trainer.parallelism
-    _check(par.data in PARALLEL_DATA_MODES, "trainer.parallelism.data", par.data,
+    check(par.data in PARALLEL_DATA_MODES, "trainer.parallelism.data", par.data,
            f"allowed: {list(PARALLEL_DATA_MODES)}")
-    _check(par.tensor >= 1, "trainer.parallelism.tensor", par.tensor, "must be >= 1")
-    _check(par.mixed_precision in MIXED_PRECISION, "trainer.parallelism.mixed_precision",
+    check(par.tensor >= 1, "trainer.parallelism.tensor", par.tensor, "must be >= 1")
+    check(par.mixed_precision in MIXED_PRECISION, "trainer.parallelism.mixed_precision",
            par.mixed_precision, f"allowed: {list(MIXED_PRECISION)}")
-    _check(par.mixed_precision == "none" or par.data != "none",
+    check(par.mixed_precision == "none" or par.data != "none",
            "trainer.parallelism.mixed_precision", par.mixed_precision,
            "bf16 needs trainer.parallelism.data=fsdp2 or ddp")
-    _check(par.shard_granularity in SHARD_GRANULARITY, "trainer.parallelism.shard_granularity",
+    check(par.shard_granularity in SHARD_GRANULARITY, "trainer.parallelism.shard_granularity",
            par.shard_granularity, f"allowed: {list(SHARD_GRANULARITY)}")
-    _check(par.shard_granularity == "block" or par.data == "fsdp2",
+    check(par.shard_granularity == "block" or par.data == "fsdp2",
            "trainer.parallelism.shard_granularity", par.shard_granularity,
            "grouped needs trainer.parallelism.data=fsdp2")
-    _check(par.reshard_after_forward or par.data == "fsdp2",
+    check(par.reshard_after_forward or par.data == "fsdp2",
            "trainer.parallelism.reshard_after_forward", par.reshard_after_forward,
            "false needs trainer.parallelism.data=fsdp2 (only FSDP2 gathers weights)")
-    _check(trainer.log_every_n_steps >= 1, "trainer.log_every_n_steps", trainer.log_every_n_steps,
+    check(trainer.log_every_n_steps >= 1, "trainer.log_every_n_steps", trainer.log_every_n_steps,
            "must be >= 1")
-    _check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
+    check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
            "must be in (0, 1)")
-    _check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.function", trainer.loss.function,
+    check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.function", trainer.loss.function,
            f"one of {', '.join(LOSS_FUNCTIONS)}")
-    _check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
+    check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
            trainer.loss.forecast_steps, "mean or sum")
-    _check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
+    check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
     for weight_name, weight in trainer.loss.variable_weights.items():
         values = list(weight) if OmegaConf.is_list(weight) or isinstance(weight, (list, tuple)) else [weight]
-        _check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in values),
+        check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in values),
                f"trainer.loss.variable_weights.{weight_name}", weight,
                "a number >= 0, or a list of them (one per level of an upper-air variable)")
 
@@ -346,16 +202,16 @@ SEQUENCE_PARALLEL_MODELS = CREDIT_MODELS  # the models whose stages declare thei
 def validate_rollout(rollout: DictConfig) -> None:
     """Shape of the rollout keys; checkpoint existence and data coverage are checked when
     a rollout starts, so a training run never depends on them."""
-    _check(bool(rollout.checkpoint), "rollout.checkpoint", rollout.checkpoint,
+    check(bool(rollout.checkpoint), "rollout.checkpoint", rollout.checkpoint,
            "use 'auto' or the path of a checkpoint directory")
-    _check(rollout.weights in ROLLOUT_WEIGHTS, "rollout.weights", rollout.weights,
+    check(rollout.weights in ROLLOUT_WEIGHTS, "rollout.weights", rollout.weights,
            f"allowed: {list(ROLLOUT_WEIGHTS)}")
-    _check(rollout.lead_steps >= 1, "rollout.lead_steps", rollout.lead_steps, "must be >= 1")
-    _check(bool(rollout.output_dir), "rollout.output_dir", rollout.output_dir,
+    check(rollout.lead_steps >= 1, "rollout.lead_steps", rollout.lead_steps, "must be >= 1")
+    check(bool(rollout.output_dir), "rollout.output_dir", rollout.output_dir,
            "must be a directory path")
-    _check(0 <= rollout.complevel <= 9, "rollout.complevel", rollout.complevel,
+    check(0 <= rollout.complevel <= 9, "rollout.complevel", rollout.complevel,
            "must be in 0..9 (0: uncompressed)")
-    _check(rollout.climatology_samples >= 1, "rollout.climatology_samples",
+    check(rollout.climatology_samples >= 1, "rollout.climatology_samples",
            rollout.climatology_samples, "must be >= 1")
     for value in rollout.init_times:
         _parse_time("rollout.init_times", value)
@@ -363,9 +219,9 @@ def validate_rollout(rollout: DictConfig) -> None:
         span = rollout.init_range
         start = _parse_time("rollout.init_range.start", span.start)
         end = _parse_time("rollout.init_range.end", span.end)
-        _check(start <= end, "rollout.init_range.end", span.end,
+        check(start <= end, "rollout.init_range.end", span.end,
                f"must not be before rollout.init_range.start={span.start}")
-        _check(span.every_hours >= 1, "rollout.init_range.every_hours", span.every_hours,
+        check(span.every_hours >= 1, "rollout.init_range.every_hours", span.every_hours,
                "must be >= 1")
 
 
@@ -378,50 +234,50 @@ def validate_sdc(sdc: DictConfig, checkpoint_every: int) -> None:
     """`diagnostics.sdc`: a typo must never run a weaker check and report green. Whether a
     check has anything to compare in the run's layout is decided at setup
     (`credit.diagnostics`), where the layout is known."""
-    _check(sdc.every_n_steps >= 1, "diagnostics.sdc.every_n_steps", sdc.every_n_steps,
+    check(sdc.every_n_steps >= 1, "diagnostics.sdc.every_n_steps", sdc.every_n_steps,
            "must be >= 1")
-    _check(sdc.action in SDC_ACTIONS, "diagnostics.sdc.action", sdc.action,
+    check(sdc.action in SDC_ACTIONS, "diagnostics.sdc.action", sdc.action,
            f"allowed: {list(SDC_ACTIONS)}")
-    _each("diagnostics.sdc.checks", sdc.checks, lambda c: c in SDC_CHECKS,
+    check_each("diagnostics.sdc.checks", sdc.checks, lambda c: c in SDC_CHECKS,
           f"each check must be one of {list(SDC_CHECKS)}")
-    _check(len(set(sdc.checks)) == len(sdc.checks), "diagnostics.sdc.checks", sdc.checks,
+    check(len(set(sdc.checks)) == len(sdc.checks), "diagnostics.sdc.checks", sdc.checks,
            "names a check twice")
-    _check(len(sdc.checks) >= 1 or not sdc.enabled, "diagnostics.sdc.checks", sdc.checks,
+    check(len(sdc.checks) >= 1 or not sdc.enabled, "diagnostics.sdc.checks", sdc.checks,
            f"give at least one of {list(SDC_CHECKS)} (or diagnostics.sdc.enabled=false)")
-    _check(sdc.action != "rollback" or checkpoint_every >= 1 or not sdc.enabled,
+    check(sdc.action != "rollback" or checkpoint_every >= 1 or not sdc.enabled,
            "diagnostics.sdc.action", sdc.action,
            "rollback needs trainer.checkpoint.every_n_steps >= 1 (a verified checkpoint to return to)")
     inject = sdc.inject
-    _check(inject.kind in SDC_INJECT_KINDS, "diagnostics.sdc.inject.kind", inject.kind,
+    check(inject.kind in SDC_INJECT_KINDS, "diagnostics.sdc.inject.kind", inject.kind,
            f"allowed: {list(SDC_INJECT_KINDS)}")
     if inject.kind == "none":
         return
-    _check(sdc.enabled, "diagnostics.sdc.inject.kind", inject.kind,
+    check(sdc.enabled, "diagnostics.sdc.inject.kind", inject.kind,
            "injecting a fault needs diagnostics.sdc.enabled=true (the checks that must catch it)")
-    _check(bool(inject.layer), "diagnostics.sdc.inject.layer", inject.layer,
+    check(bool(inject.layer), "diagnostics.sdc.inject.layer", inject.layer,
            "name the nn.Linear module to corrupt, e.g. stages.0.layers.0.0.to_q")
-    _check(inject.step >= 1 and inject.step % sdc.every_n_steps == 0, "diagnostics.sdc.inject.step",
+    check(inject.step >= 1 and inject.step % sdc.every_n_steps == 0, "diagnostics.sdc.inject.step",
            inject.step, f"must be a checked step: a multiple of diagnostics.sdc.every_n_steps="
            f"{sdc.every_n_steps}")
-    _check(inject.rank >= 0, "diagnostics.sdc.inject.rank", inject.rank, "must be >= 0")
-    _check(inject.index >= 0, "diagnostics.sdc.inject.index", inject.index, "must be >= 0")
-    _check(0 <= inject.bit <= 31, "diagnostics.sdc.inject.bit", inject.bit,
+    check(inject.rank >= 0, "diagnostics.sdc.inject.rank", inject.rank, "must be >= 0")
+    check(inject.index >= 0, "diagnostics.sdc.inject.index", inject.index, "must be >= 0")
+    check(0 <= inject.bit <= 31, "diagnostics.sdc.inject.bit", inject.bit,
            "must be in 0..31 (0..15 for bf16 tensors)")
 
 
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first key whose value cannot be used."""
-    _check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
+    check(bool(cfg.run_dir), "run_dir", cfg.run_dir, "must be a directory path")
     validate_trainer(cfg.trainer)
     validate_model(cfg.model, tensor=cfg.trainer.parallelism.tensor)
     if cfg.trainer.parallelism.sequence_parallel:
-        _check(cfg.trainer.parallelism.tensor > 1, "trainer.parallelism.sequence_parallel", True,
+        check(cfg.trainer.parallelism.tensor > 1, "trainer.parallelism.sequence_parallel", True,
                "needs trainer.parallelism.tensor > 1 (it splits rows over the tensor-parallel ranks)")
-        _check(cfg.model.name in SEQUENCE_PARALLEL_MODELS, "trainer.parallelism.sequence_parallel", True,
+        check(cfg.model.name in SEQUENCE_PARALLEL_MODELS, "trainer.parallelism.sequence_parallel", True,
                f"is built for model.name in {list(SEQUENCE_PARALLEL_MODELS)}, got {cfg.model.name!r}")
     if cfg.model.gemm == "deterministic":
         par = cfg.trainer.parallelism
-        _check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
+        check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
                "model.gemm=deterministic computes in fp32; use 'none'")
     validate_data(cfg.data)
     validate_rollout(cfg.rollout)
@@ -429,5 +285,5 @@ def validate_config(cfg: DictConfig) -> None:
     variables = cfg.data.variables
     output_vars = [*variables.upper_air, *variables.surface, *variables.diagnostic]
     for name in cfg.trainer.loss.variable_weights:
-        _check(name in output_vars, "trainer.loss.variable_weights", name,
+        check(name in output_vars, "trainer.loss.variable_weights", name,
                f"is not an output variable; allowed: {output_vars}")

@@ -75,7 +75,7 @@ _INACTIVE_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
 _ACTS_ON_INACTIVE = {"crossformer": set(_INACTIVE_ONLY), "wxformer": set(_INACTIVE_ONLY), "nextgen_wxformer": set()}
 # the classes whose forward runs CREDIT's post blocks (NextGenWXFormer ignores `post_conf`)
 POST_BLOCK_TYPES = ("crossformer", "wxformer")
-# the keys of each fixer's section this project reads (`credit.config.schema.PostConf`); the
+# the keys of each fixer's section this project reads (`credit.config.schema_model.PostConf`); the
 # water and energy fixers take their grid from the mass fixer's section, as CREDIT's do
 _CONSERVATION = ("activate", "activate_outside_model", "denorm", "specific_total_water_name", "surface_pressure_name")
 POST_CONF_KEYS = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from credit.config.validate import heads_split_error
+from credit.config.validate_model import heads_split_error
 from credit.parallel.sequence import gather_rows, own_rows
 
 

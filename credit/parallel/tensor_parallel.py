@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from credit.config.validate import deterministic_split_error
+from credit.config.validate_model import deterministic_split_error
 from credit.kernels.gemm._tree import LEAF
 from credit.parallel.sequence import ROW_DIM
 
