@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from launcher import run_ranks  # noqa: E402  (the suite's one rank launcher)
 from test_credit_tp import FIXTURES, NAMES, _tp_forward_backward, relative_difference  # noqa: E402
 
-from credit.models.credit_checkpoint import from_credit  # noqa: E402
+from credit.models.credit.checkpoint import from_credit  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
 

@@ -64,12 +64,12 @@ def _ranged(family: str, fn: Callable) -> Callable:
 @contextlib.contextmanager
 def family_ranges(trainer) -> Iterator[None]:
     """Open the family ranges around `trainer`'s model, loss and update while inside."""
-    import credit.models.credit_convs as convs
-    import credit.models.credit_det as det
-    import credit.models.credit_layers as layers
-    import credit.models.crossformer as crossformer
-    import credit.models.wxformer as wxformer
-    import credit.models.wxformer_next as wxformer_next
+    import credit.models.credit.convs as convs
+    import credit.models.credit.deterministic_attention as det
+    import credit.models.credit.layers as layers
+    import credit.models.credit.crossformer as crossformer
+    import credit.models.credit.wxformer as wxformer
+    import credit.models.credit.wxformer_next as wxformer_next
     import credit.train.trainer as trainer_module
     from credit.models.spectral_norm import SpectralNormed
 

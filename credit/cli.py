@@ -126,7 +126,7 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     path = args[at + 1]
     from credit.checkpoint.from_credit import describe_credit_model
     from credit.config.credit_file import map_credit_file
-    from credit.models.credit_checkpoint import read_credit_config
+    from credit.models.credit.checkpoint import read_credit_config
 
     lines, refused, model_overrides = describe_credit_model(path)
     mapping = map_credit_file(read_credit_config(path))

@@ -31,13 +31,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimi
 
 from credit.checkpoint.manager import CheckpointError
 from credit.checkpoint.weights import load_weights_file
-from credit.models.credit_checkpoint import (
+from credit.models.credit.checkpoint import (
     CreditCheckpointError,
     is_unused_credit_key,
     read_credit_checkpoint,
     unwrapped_name,
 )
-from credit.models.credit_remap import remap_conv_state_dict
+from credit.models.credit.remap import remap_conv_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from omegaconf import OmegaConf
 
 from credit.checkpoint.manager import _quiet_single_process
 from credit.config import compose_config
-from credit.models.credit_checkpoint import (load_credit_weights, read_credit_config, read_credit_model_section,
+from credit.models.credit.checkpoint import (load_credit_weights, read_credit_config, read_credit_model_section,
                                              read_credit_state_dict)
-from credit.models.credit_config import (CREDIT_CLASSES, GEN2_POST_CONF, build_credit_model, count_parameters,
+from credit.models.credit.config import (CREDIT_CLASSES, GEN2_POST_CONF, build_credit_model, count_parameters,
                                          credit_spec, hydra_value, ignored_keys, post_conf_overrides, refused_keys,
                                          resolve_credit_model)
-from credit.models.postblocks.settings import active_fixers
+from credit.models.credit.postblocks.settings import active_fixers
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A single-file checkpoint is one `torch.save` file holding either a dict with
 `model_state_dict` or a bare state dict. For CREDIT's models it is read as CREDIT writes it
-(`credit.models.credit_checkpoint`: CREDIT's trainer container, FSDP or DDP prefixes, and
+(`credit.models.credit.checkpoint`: CREDIT's trainer container, FSDP or DDP prefixes, and
 CREDIT's older convolutional layout remapped); for the windowformer it must hold the
 current layout. It has no optimizer state this code can map onto the current parameters,
 so it loads model weights only.
@@ -43,8 +43,8 @@ from credit.checkpoint.manager import (
 from credit.checkpoint.strict import check_stored_weights, check_weights, model_shapes
 from credit.data import model_layout
 from credit.models import build_model
-from credit.models.credit_checkpoint import CreditCheckpointError, read_credit_state_dict
-from credit.models.credit_remap import RemapError, remap_conv_state_dict
+from credit.models.credit.checkpoint import CreditCheckpointError, read_credit_state_dict
+from credit.models.credit.remap import RemapError, remap_conv_state_dict
 
 log = logging.getLogger(__name__)
 

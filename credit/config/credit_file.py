@@ -1,6 +1,6 @@
 """A CREDIT config file's `data:`, `trainer:`, `loss:` and top-level keys -> this project's
 overrides: the one table of that mapping (`TABLE`). The `model:` section has its own reader
-(`credit.models.credit_config`).
+(`credit.models.credit.config`).
 
 Each CREDIT key is mapped (to the key of this project named in its row), ignored with one
 report line (CREDIT ignores it too, or it only steers CREDIT's own machinery), or refused with
@@ -84,7 +84,7 @@ TABLE: tuple[Rule, ...] = (
     Rule("data.max_forecast_len", note="CREDIT's gen1 trainer does not read it", schema="gen1"),
     Rule("data.total_time_steps", note="CREDIT's gen1 trainer does not read it", schema="gen1"),
     Rule("data.one_shot", note="only CREDIT's deprecated single-step dataset reads it", schema="gen1"),
-    Rule("data.save_loc_physics", note="read with model.post_conf (credit.models.credit_config)"),
+    Rule("data.save_loc_physics", note="read with model.post_conf (credit.models.credit.config)"),
     Rule("data.retain_graph", _refuse_if(bool, "data.retain_graph: true (backpropagation through the forecast "
                                                "steps) is not implemented; each step's input is detached")),
     Rule("data.backprop_on_timestep", note="every forecast step's loss is backpropagated here"),
@@ -195,7 +195,7 @@ class CreditMapping:
 
 
 def _override(key: str, value: Any) -> str:
-    from credit.models.credit_config import hydra_value  # the one writer of override values
+    from credit.models.credit.config import hydra_value  # the one writer of override values
 
     return f"{key}={hydra_value(value)}"
 

@@ -25,7 +25,7 @@ from credit.compat import all_gather_single
 from credit.diagnostics.checksum import bit_checksum
 from credit.diagnostics.detector import SDCDetector
 from credit.diagnostics.verdict import Mismatch, disagreeing
-from credit.models.windowformer import Attention, FeedForward
+from credit.models.windowformer.model import Attention, FeedForward
 from credit.parallel import build_runtime, parallelize_model
 
 log = logging.getLogger(__name__)

@@ -11,11 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from credit.config.validate import ConfigError
-from credit.models.credit_config import TYPES as CREDIT_TYPES
-from credit.models.credit_config import build_credit_model, resolve_credit_model
-from credit.models.postblocks import PostBlockConfigError, run_post_blocks
+from credit.models.credit.config import TYPES as CREDIT_TYPES
+from credit.models.credit.config import build_credit_model, resolve_credit_model
+from credit.models.credit.postblocks import PostBlockConfigError, run_post_blocks
 from credit.models.spectral_norm import apply_spectral_norm
-from credit.models.windowformer import WindowFormer, WindowFormerSpec
+from credit.models.windowformer.model import WindowFormer, WindowFormerSpec
 
 log = logging.getLogger(__name__)
 

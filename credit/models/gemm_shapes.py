@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from credit.models.credit_config import build_credit_model, resolve_credit_model
-from credit.models.credit_layers import DynamicPositionBias
+from credit.models.credit.config import build_credit_model, resolve_credit_model
+from credit.models.credit.layers import DynamicPositionBias
 
 GemmShape = tuple[int, int, int]
 

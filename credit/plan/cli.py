@@ -86,8 +86,8 @@ def main(argv: Sequence[str]) -> int:
     overrides = list(args.overrides)
     if args.credit_config is not None:
         from credit.checkpoint.from_credit import model_overrides
-        from credit.models.credit_checkpoint import read_credit_model_section
-        from credit.models.credit_config import resolve_credit_model
+        from credit.models.credit.checkpoint import read_credit_model_section
+        from credit.models.credit.config import resolve_credit_model
 
         if not args.credit_config.is_file():
             raise FileNotFoundError(f"--credit-config {args.credit_config} is not a file")

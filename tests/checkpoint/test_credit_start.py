@@ -20,8 +20,8 @@ from credit.checkpoint.credit_training import parameter_order
 from credit.cli import _credit_config
 from credit.config import ConfigError, compose_config
 from credit.data.sampler import collate_samples
-from credit.models.credit_checkpoint import from_credit, read_credit_checkpoint, unwrapped_name
-from credit.models.credit_remap import remap_conv_state_dict
+from credit.models.credit.checkpoint import from_credit, read_credit_checkpoint, unwrapped_name
+from credit.models.credit.remap import remap_conv_state_dict
 from credit.parallel import build_runtime
 from credit.train.metrics import read_metrics
 from credit.train.trainer import Trainer

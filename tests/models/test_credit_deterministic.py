@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from credit.kernels.gemm._tree import tree_sum
-from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.credit.config import build_credit_model, resolve_credit_model
 from credit.models.dropout import dropout_step
 from credit.train.deterministic import sample_sums
 
@@ -128,8 +128,8 @@ def test_deterministic_mode_calls_no_op_that_scatters_with_atomics_on_cuda(name)
 
 
 def test_deterministic_resize_and_position_bias_gather_are_torchs_up_to_rounding():
-    from credit.models.credit_convs import resize
-    from credit.models.credit_layers import gather_position_bias, relative_bias_indices
+    from credit.models.credit.convs import resize
+    from credit.models.credit.layers import gather_position_bias, relative_bias_indices
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 7, requires_grad=True)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from credit.models.credit_checkpoint import (CreditCheckpointError, from_credit, read_credit_model_section,
+from credit.models.credit.checkpoint import (CreditCheckpointError, from_credit, read_credit_model_section,
                                              read_credit_state_dict)
-from credit.models.credit_config import build_credit_model, resolve_credit_model
-from credit.models.credit_remap import remap_conv_state_dict
+from credit.models.credit.config import build_credit_model, resolve_credit_model
+from credit.models.credit.remap import remap_conv_state_dict
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_reference"
 NAMES = sorted(folder.name for folder in FIXTURES.iterdir() if (folder / "model.yml").exists())
@@ -112,8 +112,8 @@ def test_credit_type_names_mean_credits_classes():
     for kind in ("crossformer", "wxformer", "wxformer_base"):
         name, values = resolve_credit_model({**section, "type": kind})
         built[kind] = type(build_credit_model(name, values)).__module__
-    assert built == {"crossformer": "credit.models.crossformer", "wxformer": "credit.models.wxformer",
-                     "wxformer_base": "credit.models.wxformer"}
+    assert built == {"crossformer": "credit.models.credit.crossformer", "wxformer": "credit.models.credit.wxformer",
+                     "wxformer_base": "credit.models.credit.wxformer"}
 
 
 def test_keys_credit_ignores_are_ignored_with_one_warning(caplog):

@@ -19,8 +19,8 @@ import torch
 import yaml
 from credit_fixtures import physical_difference
 
-from credit.models.credit_checkpoint import from_credit
-from credit.models.postblocks import PostBlockConfigError, build_post_blocks
+from credit.models.credit.checkpoint import from_credit
+from credit.models.credit.postblocks import PostBlockConfigError, build_post_blocks
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_postblocks"
 NAMES = sorted(folder.name for folder in FIXTURES.iterdir() if (folder / "credit.yml").exists())

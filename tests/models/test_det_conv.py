@@ -5,8 +5,8 @@ and are not whole 32-row leaves."""
 import pytest
 import torch
 
-from credit.models import det_conv
-from credit.models.det_layers import DetConv2d, DetConvTranspose2d
+from credit.models.deterministic import conv as det_conv
+from credit.models.deterministic.layers import DetConv2d, DetConvTranspose2d
 
 
 def _both_paths(layer, x: torch.Tensor, seed: int):
@@ -120,7 +120,7 @@ def test_group_norm_planar_affine_is_the_channels_last_path(batch, channels, gro
     """DetGroupNorm's NCHW affine (no channels-last copies, `_cpu.channel_sums`) gives the
     bits of the channels-last `channel_affine` it replaces on the CPU: output, dx, dW, db, on
     planes that are and are not whole 32-position leaves."""
-    from credit.models.det_layers import DetGroupNorm
+    from credit.models.deterministic.layers import DetGroupNorm
 
     torch.manual_seed(4)
     layer = DetGroupNorm(groups, channels)
@@ -141,7 +141,7 @@ def test_group_norm_planar_affine_is_the_channels_last_path(batch, channels, gro
 
 
 def test_group_norm_takes_the_planar_path_on_the_cpu():
-    from credit.models.det_layers import DetGroupNorm
+    from credit.models.deterministic.layers import DetGroupNorm
 
     layer = DetGroupNorm(2, 4)
     assert layer._planar(torch.zeros(1, 4, 3, 3))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from credit.models.det_pointwise import DetGELU, DetSigmoid, DetSiLU, sigmoid
+from credit.models.deterministic.pointwise import DetGELU, DetSigmoid, DetSiLU, sigmoid
 
 OPS = {
     "gelu": (DetGELU(), nn.GELU()),

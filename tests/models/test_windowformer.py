@@ -8,7 +8,7 @@ from tiny import SMALL_MODEL as SMALL
 
 from credit.models import WindowFormer, build_model
 from credit.models.padding import EarthPad
-from credit.models.windowformer import Attention, FeedForward
+from credit.models.windowformer.model import Attention, FeedForward
 from credit.parallel.tensor_parallel import _check_block, planned_blocks
 
 

@@ -16,7 +16,7 @@ from tp_step import TINY_CREDIT, TINY_MODELS, full, step_with_dropout, tiny_batc
 from launcher import run_ranks
 from torch.distributed.tensor import DTensor
 
-from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.credit.config import build_credit_model, resolve_credit_model
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout
 
 COMMON = {**TINY_CREDIT, "dim": [64, 128, 256, 512]}

@@ -18,8 +18,8 @@ from credit.checkpoint.from_credit import OVERRIDES_FILE, convert_credit_checkpo
 from credit.cli import main as credit_main
 from credit.config import compose_config
 from credit.data import generate_dataset
-from credit.models.credit_checkpoint import read_credit_state_dict
-from credit.models.credit_remap import remap_conv_state_dict
+from credit.models.credit.checkpoint import read_credit_state_dict
+from credit.models.credit.remap import remap_conv_state_dict
 from credit.parallel import build_runtime
 from credit.train.metrics import read_metrics
 from credit.train.trainer import Trainer
@@ -100,8 +100,8 @@ def test_a_channel_layout_other_than_the_checkpoints_is_one_clear_error(credit_l
 def test_a_credit_checkpoint_file_resumes_directly(credit_layout_data, tmp_path):
     """`trainer.resume=checkpoint.pt` with the model overrides: CREDIT's file, remapped on load."""
     from credit.checkpoint.from_credit import model_overrides
-    from credit.models.credit_checkpoint import read_credit_model_section
-    from credit.models.credit_config import resolve_credit_model
+    from credit.models.credit.checkpoint import read_credit_model_section
+    from credit.models.credit.config import resolve_credit_model
 
     overrides = model_overrides(*resolve_credit_model(read_credit_model_section(FIXTURE / "model.yml")))
     run_dir = tmp_path / "run"

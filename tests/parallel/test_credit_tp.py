@@ -10,7 +10,7 @@ import torch
 from credit_fixtures import physical_difference
 from launcher import run_ranks
 
-from credit.models.credit_checkpoint import from_credit
+from credit.models.credit.checkpoint import from_credit
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "credit_reference"
 NAMES = sorted(folder.name for folder in FIXTURES.iterdir() if (folder / "model.yml").exists())

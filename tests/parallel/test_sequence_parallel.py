@@ -23,7 +23,7 @@ from launcher import run_ranks
 from tp_step import TINY_CREDIT, TINY_MODELS, full, step_with_dropout, tiny_batch
 from torch.distributed.tensor import DTensor
 
-from credit.models.credit_config import build_credit_model, resolve_credit_model
+from credit.models.credit.config import build_credit_model, resolve_credit_model
 from credit.parallel import build_device_mesh, parallelize_model, resolve_layout, sync_replicated_gradients
 
 COMMON, MODELS = TINY_CREDIT, TINY_MODELS

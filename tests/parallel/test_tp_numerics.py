@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from credit.models.windowformer import TransformerStage
+from credit.models.windowformer.model import TransformerStage
 from credit.parallel import (
     apply_native_tensor_parallel,
     build_device_mesh,

@@ -10,7 +10,7 @@ from tiny import tiny_overrides
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from credit.models.windowformer import Attention, FeedForward
+from credit.models.windowformer.model import Attention, FeedForward
 from credit.parallel import apply_native_tensor_parallel, supports_native_tp
 from credit.parallel.mesh import _adopt_mpi_environment
 

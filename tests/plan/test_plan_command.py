@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from credit.models.credit_checkpoint import read_credit_model_section
-from credit.models.credit_config import count_parameters, resolve_credit_model
+from credit.models.credit.checkpoint import read_credit_model_section
+from credit.models.credit.config import count_parameters, resolve_credit_model
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -19,9 +19,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from credit.models.postblocks.fixers import (Fixer, GlobalEnergyFixer, GlobalMassFixer, GlobalWaterFixer,
+from credit.models.credit.postblocks.fixers import (Fixer, GlobalEnergyFixer, GlobalMassFixer, GlobalWaterFixer,
                                              OutsidePostBlocks, PostBlocks, TracerFixer)
-from credit.models.postblocks.settings import (ChannelLayout, PostBlockConfigError, active_fixers, channel_layout,
+from credit.models.credit.postblocks.settings import (ChannelLayout, PostBlockConfigError, active_fixers, channel_layout,
                                                channel_layout_gen2, column_physics, physics_field, resolve_path)
 
 

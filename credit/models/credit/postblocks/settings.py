@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import xarray as xr
 
-from credit.models.postblocks.physics import ColumnPhysics
+from credit.models.credit.postblocks.physics import ColumnPhysics
 
 FIXERS = ("tracer_fixer", "global_mass_fixer", "global_water_fixer", "global_energy_fixer")
 # post_conf modules CREDIT's PostBlock runs that are not built here (any other module

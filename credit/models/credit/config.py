@@ -4,9 +4,9 @@
 
 | CREDIT type | CREDIT class | built here as |
 | --- | --- | --- |
-| `crossformer` | `credit.models.crossformer.CrossFormer` (the older CrossFormer) | `credit.models.crossformer.CrossFormer` |
-| `wxformer`, `wxformer_base` | `credit.models.wxformer.crossformer.CrossFormer` | `credit.models.wxformer.WXFormer` |
-| `nextgen_wxformer` | `credit.models.wxformer.wxformer_next.NextGenWXFormer` | `credit.models.wxformer_next.WXFormerNext` |
+| `crossformer` | `credit.models.crossformer.CrossFormer` (the older CrossFormer) | `credit.models.credit.crossformer.CrossFormer` |
+| `wxformer`, `wxformer_base` | `credit.models.wxformer.crossformer.CrossFormer` | `credit.models.credit.wxformer.WXFormer` |
+| `nextgen_wxformer` | `credit.models.wxformer.wxformer_next.NextGenWXFormer` | `credit.models.credit.wxformer_next.WXFormerNext` |
 
 Any other type of CREDIT's registry is refused with one line naming it. The keys are
 CREDIT's constructor arguments with CREDIT's meanings and, where a key is absent, CREDIT's
@@ -27,13 +27,13 @@ from typing import Any
 
 from torch import nn
 
-from credit.models.credit_padding import BoundaryPadding
-from credit.models.crossformer import CrossFormer
-from credit.models.postblocks.settings import (FIXERS, OTHER_MODULES, PostBlockConfigError, active_fixers,
+from credit.models.padding import BoundaryPadding
+from credit.models.credit.crossformer import CrossFormer
+from credit.models.credit.postblocks.settings import (FIXERS, OTHER_MODULES, PostBlockConfigError, active_fixers,
                                                resolve_path)
 from credit.models.spectral_norm import apply_spectral_norm
-from credit.models.wxformer import CreditSpec, WXFormer
-from credit.models.wxformer_next import WXFormerNext
+from credit.models.credit.wxformer import CreditSpec, WXFormer
+from credit.models.credit.wxformer_next import WXFormerNext
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from credit.models.credit_config import POST_BLOCK_TYPES, build_credit_model, resolve_credit_model
-from credit.models.credit_remap import remap_conv_state_dict
-from credit.models.postblocks import build_post_blocks
+from credit.models.credit.config import POST_BLOCK_TYPES, build_credit_model, resolve_credit_model
+from credit.models.credit.remap import remap_conv_state_dict
+from credit.models.credit.postblocks import build_post_blocks
 
 # path components that DDP, torch.compile, FSDP1 and activation checkpointing insert
 _WRAPPERS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -122,7 +122,7 @@ def from_credit(credit_config: str | Path | Mapping[str, Any], checkpoint: str |
     mode. It takes and returns CREDIT's layout: (B, C, T, H, W) -> (B, C_out, 1, H, W).
 
     An active `model.post_conf` gives the model CREDIT's post blocks
-    (`credit.models.postblocks`), built from the config's `data:` section (a path to the
+    (`credit.models.credit.postblocks`), built from the config's `data:` section (a path to the
     whole CREDIT config), whose relative paths are looked for beside the config file, then
     in the working directory. As in CREDIT, the fixers inside the model run in its forward;
     those with `activate_outside_model` are the model's `outside_post_blocks`, which

@@ -29,7 +29,7 @@ from torch import nn
 
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
-from credit.models.modes import layer_kit, shard_of
+from credit.models.layer_kit import layer_kit, shard_of
 from credit.models.padding import EarthPad, required_multiple
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
 

@@ -1,12 +1,12 @@
 """CREDIT's `crossformer`: its older CrossFormer (`credit.models.crossformer.CrossFormer`),
 the class CREDIT's 0.25° production configs, its arXiv-2024 configs and its 1° configs name.
 
-The encoder is the current class's (`credit.models.wxformer`), with CREDIT's keys; only the
+The encoder is the current class's (`credit.models.credit.wxformer`), with CREDIT's keys; only the
 cross-embedding pads each branch (k - s) / 2 on every side. The decoder differs: each up
 block doubles the grid with a transposed convolution (kernel 2, stride 2) or, with
 `upsample_v_conv`, a bilinear x2 and a 3x3 convolution, then a residual stack of
 (3x3 convolution, GroupNorm, SiLU) pairs and an optional attention block
-(`credit.models.decoder_attention`); the output head is a transposed convolution
+(`credit.models.credit.decoder_attention`); the output head is a transposed convolution
 (kernel 4, stride 2, padding 1) or bilinear x2 + 3x3 convolution.
 
 Takes and returns CREDIT's layout, (B, C, T, H, W) -> (B, C_out, 1, H, W), through
@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from credit.models.credit_convs import resize
-from credit.models.credit_padding import BoundaryPadding
-from credit.models.decoder_attention import decoder_attention
-from credit.models.modes import layer_kit
-from credit.models.wxformer import CreditSpec, WXFormer
+from credit.models.credit.convs import resize
+from credit.models.padding import BoundaryPadding
+from credit.models.credit.decoder_attention import decoder_attention
+from credit.models.layer_kit import layer_kit
+from credit.models.credit.wxformer import CreditSpec, WXFormer
 
 
 class Bilinear2x(nn.Module):

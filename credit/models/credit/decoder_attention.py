@@ -26,9 +26,9 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm import det_linear
-from credit.models.det_layers import ConvGeometry, channel_affine, det_conv2d
-from credit.models.det_pointwise import sigmoid
-from credit.models.modes import layer_kit
+from credit.models.deterministic.layers import ConvGeometry, channel_affine, det_conv2d
+from credit.models.deterministic.pointwise import sigmoid
+from credit.models.layer_kit import layer_kit
 
 TYPES = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
 REDUCTION, SPATIAL_KERNEL = 32, 7  # what CREDIT's UpBlock passes to its attention factory

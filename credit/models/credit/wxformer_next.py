@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.kernels.gemm._ops import linear_local
-from credit.models.credit_convs import UpBlockPS, output_head, resize
-from credit.models.credit_layers import check_windows, encoder_grids, stage_multiple
-from credit.models.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
-from credit.models.det_layers import channel_affine
-from credit.models.modes import layer_kit
+from credit.models.credit.convs import UpBlockPS, output_head, resize
+from credit.models.credit.layers import check_windows, encoder_grids, stage_multiple
+from credit.models.credit.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
+from credit.models.deterministic.layers import channel_affine
+from credit.models.layer_kit import layer_kit
 
 
 class LevelEmbedding(nn.Module):

@@ -3,9 +3,9 @@ with CREDIT's arithmetic (`fixers`), the channels and statistics CREDIT's parser
 from a config (`settings`), the grid and column physics they use (`physics`), and their
 construction from a CREDIT config or a run's config (`build`)."""
 
-from credit.models.postblocks.build import RunPostBlocks, build_post_blocks, run_post_blocks
-from credit.models.postblocks.fixers import OutsidePostBlocks, PostBlocks
-from credit.models.postblocks.settings import PostBlockConfigError
+from credit.models.credit.postblocks.build import RunPostBlocks, build_post_blocks, run_post_blocks
+from credit.models.credit.postblocks.fixers import OutsidePostBlocks, PostBlocks
+from credit.models.credit.postblocks.settings import PostBlockConfigError
 
 __all__ = ["OutsidePostBlocks", "PostBlockConfigError", "PostBlocks", "RunPostBlocks", "build_post_blocks",
            "run_post_blocks"]

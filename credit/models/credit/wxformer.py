@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from credit.models.credit_convs import CrossEmbedLayer, UpBlockPS, output_head, resize
-from credit.models.credit_layers import Transformer, check_windows, encoder_grids
-from credit.models.credit_padding import BoundaryPadding
+from credit.models.credit.convs import CrossEmbedLayer, UpBlockPS, output_head, resize
+from credit.models.credit.layers import Transformer, check_windows, encoder_grids
+from credit.models.padding import BoundaryPadding
 from credit.models.dropout import IndexedDropout
 from credit.parallel.sequence import gather_rows
 
@@ -123,7 +123,7 @@ class WXFormer(nn.Module):
         super().__init__()
         check_decoder_widths(spec.dim)
         self.spec, self.use_interp, self.padding = spec, interp, padding
-        # CREDIT's post blocks (`credit.models.postblocks`), set when `post_conf` is active: the
+        # CREDIT's post blocks (`credit.models.credit.postblocks`), set when `post_conf` is active: the
         # fixers inside the forward, and those CREDIT applies after it (`inputs.predict` does)
         self.post_blocks: nn.Module | None = None
         self.outside_post_blocks: nn.Module | None = None

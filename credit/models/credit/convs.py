@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from credit.kernels.gemm import det_linear
 from credit.models.fanout import fan_out
-from credit.models.modes import layer_kit
+from credit.models.layer_kit import layer_kit
 from credit.parallel.sequence import all_reduce_sum, halo_rows
 
 

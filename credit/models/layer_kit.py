@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from credit.kernels.gemm import DetLinear
-from credit.models.det_layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
-from credit.models.det_pointwise import DetGELU, DetSigmoid, DetSiLU
+from credit.models.deterministic.layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
+from credit.models.deterministic.pointwise import DetGELU, DetSigmoid, DetSiLU
 
 
 def layer_kit(gemm: str) -> SimpleNamespace:

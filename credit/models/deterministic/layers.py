@@ -22,7 +22,7 @@ from credit.kernels.gemm._dtensor import tree_all_reduce
 from credit.kernels.gemm._ops import linear_local, row_sum, row_sum_of_products
 from credit.kernels.gemm._tree import tree_sum
 from credit.kernels.gemm._registry import resolve
-from credit.models import det_conv
+from credit.models.deterministic import conv as det_conv
 
 _BACKEND = "auto"
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from credit.models.postblocks.physics import CP_DRY, CP_VAPOR, GRAVITY, LH_WATER, RHO_WATER, ColumnPhysics
-from credit.models.postblocks.settings import ChannelLayout, PostBlockConfigError
+from credit.models.credit.postblocks.physics import CP_DRY, CP_VAPOR, GRAVITY, LH_WATER, RHO_WATER, ColumnPhysics
+from credit.models.credit.postblocks.settings import ChannelLayout, PostBlockConfigError
 
 
 class Fixer(nn.Module):

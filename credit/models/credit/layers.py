@@ -2,13 +2,13 @@
 state-dict keys and arithmetic.
 
 Every projection is an `nn.Linear` over channels-last tokens (CREDIT's newest layout; its
-older 1x1 convolutions load through `credit.models.credit_checkpoint`), and each
+older 1x1 convolutions load through `credit.models.credit.checkpoint`), and each
 tensor-parallel block declares its `_tp_plan` beside it. A transformer stage permutes to
 channels-last once and back once, so the channel LayerNorm (`norm.g`, `norm.b`, shaped
 (1, C, 1, 1) as CREDIT stores them) runs as `F.layer_norm` over the last dimension.
 
 `gemm="deterministic"` builds the same parameters with the fixed-tree layers of
-`credit.models.modes.layer_kit` and the written-out attention of `credit.models.credit_det`
+`credit.models.layer_kit.layer_kit` and the written-out attention of `credit.models.credit.deterministic_attention`
 (see docs/determinism.md).
 """
 
@@ -27,11 +27,11 @@ from torch.distributed.tensor import DTensor
 
 from credit.kernels.gemm import det_linear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
-from credit.models.credit_det import windowed_attention
-from credit.models.det_layers import channel_affine
+from credit.models.credit.deterministic_attention import windowed_attention
+from credit.models.deterministic.layers import channel_affine
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
-from credit.models.modes import layer_kit, shard_of
+from credit.models.layer_kit import layer_kit, shard_of
 from credit.models.windows import check_head_split, from_windows, residual_rounds, to_windows
 from credit.parallel.sequence import gather_rows, gather_rows_partial, own_rows, saving_rows_only
 

@@ -1,0 +1,1 @@
+"""This project's compact windowformer (`model=windowformer`): `model` holds the network."""
