@@ -23,7 +23,7 @@ from credit.train.trainer import Trainer
 
 # collectives every rank must have made from credit's own code in the runs below
 EXPECTED_SITES = {
-    ("all_reduce", "credit/train/trainer.py:_step_loss"),  # fast-mode loss average over dp
+    ("all_reduce", "credit/train/step.py:step_loss"),  # fast-mode loss average over dp
     ("all_reduce", "credit/train/trainer.py:_report_skipped"),  # data.nonfinite=skip_sample count
     ("all_gather", "credit/train/deterministic.py:global_loss"),  # per-sample loss tree
     ("all_to_all_single", "credit/parallel/tree_reduce.py:__call__"),  # det FSDP2 gradients
