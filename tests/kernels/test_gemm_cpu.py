@@ -134,3 +134,21 @@ def test_bias_added_in_the_kernel_is_the_fp32_sum_plus_bias(dtype, k):
     bias = C.rand(21, dtype=dtype, device=DEVICE, seed=52)
     want = (C.det_mm(x, w.t(), backend=BACKEND, out_dtype=torch.float32) + bias.float()).to(dtype)
     C.same(C.det_linear(x, w, bias, backend=BACKEND), want, f"fused bias, K={k}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("k", [40, 32 * 40 + 3])  # one pass; the tree-top split
+@pytest.mark.parametrize("a_transposed", [False, True])  # A read in place; A packed
+@pytest.mark.parametrize("n", [32, 17])
+def test_narrow_tile_gives_the_wide_tiles_bits(dtype, k, a_transposed, n):
+    """Outputs of at most one narrow panel run on the narrow tile (half the columns, more
+    rows); its columns equal the same columns computed on the wide tile among 150."""
+    from credit.kernels.gemm import _cpu
+
+    if n > _cpu.load().nr // 2:
+        pytest.skip("this SIMD level's narrow tile is narrower than n")
+    a = C.rand(k, 77, dtype=dtype, device=DEVICE, seed=31).t() if a_transposed else \
+        C.rand(77, k, dtype=dtype, device=DEVICE, seed=31)
+    b = C.rand(k, 150, dtype=dtype, device=DEVICE, seed=32)
+    wide = C.det_mm(a, b, backend=BACKEND, out_dtype=torch.float32)
+    C.same(C.det_mm(a, b[:, :n], backend=BACKEND, out_dtype=torch.float32), wide[:, :n], f"N={n}")

@@ -156,6 +156,69 @@ def test_cpu_grouped_column_sum_is_the_gemm_over_padded_groups(groups, rows, col
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+@pytest.mark.parametrize("groups, rows, cols", [(3, 45, 37), (16, 8, 32), (2, 33, 1), (1, 100, 70)])
+def test_cpu_affine_gradients_in_one_pass_are_the_three_separate_results(groups, rows, cols):
+    """An affine's input, weight and bias gradients from one pass over the rows have the bits
+    of ``g * w`` and the two grouped column sums (signed zeros included)."""
+    from credit.kernels.gemm import _cpu
+
+    gen = torch.Generator().manual_seed(46)
+    g = torch.randn(groups * rows, cols, generator=gen)
+    x = torch.randn(g.shape, generator=gen)
+    w = torch.randn(cols, generator=gen)
+    g[::3, 0] = -0.0
+    gx, gw, gb = _cpu.affine_grads(g, x, w, groups)
+    assert torch.equal(gx.view(torch.int32), (g * w).view(torch.int32))
+    assert torch.equal(gw.view(torch.int32), _cpu.colsum(g, groups, times=x).view(torch.int32))
+    assert torch.equal(gb.view(torch.int32), _cpu.colsum(g, groups).view(torch.int32))
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (16, 4, 8, 16), (1, 2, 1, 3)])
+def test_cpu_planar_affine_gradients_in_one_pass_are_the_three_separate_results(shape):
+    """The same for a per-channel affine of NCHW tensors (a group norm's)."""
+    from credit.kernels.gemm import _cpu
+
+    gen = torch.Generator().manual_seed(47)
+    g = torch.randn(shape, generator=gen)
+    x = torch.randn(shape, generator=gen)
+    w = torch.randn(shape[1], generator=gen)
+    g[:, 0, ::2] = -0.0
+    gx, gw, gb = _cpu.planar_affine_grads(g, x, w)
+    assert torch.equal(gx.view(torch.int32), (g * w.view(1, -1, 1, 1)).view(torch.int32))
+    assert torch.equal(gw.view(torch.int32), _cpu.channel_sums(g, times=x).view(torch.int32))
+    assert torch.equal(gb.view(torch.int32), _cpu.channel_sums(g).view(torch.int32))
+
+
+@pytest.mark.parametrize("groups, rows, n_out, n_in", [
+    (16, 8, 96, 40),     # a coarse stage: 8 tokens a sample, a quarter of each leaf real
+    (3, 45, 70, 33),     # groups spanning leaves, ragged tiles
+    (16, 8, 300, 32),    # narrow output: the kernel runs the transposed product
+    (40, 13, 20, 24),    # 40 leaves: the tree's top levels run as split passes
+    (4, 64, 9, 17),      # whole leaves: no padding
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_grouped_weight_gradient_is_the_gemm_over_padded_groups(groups, rows, n_out, n_in,
+                                                                    dtype):
+    """A weight gradient over samples' rows reduced in groups (``k_groups``) has the bits of
+    the GEMM over the zero-padded copies (``pad_row_groups``), signed zeros included, while
+    neither forming the copies nor multiplying their padding."""
+    from credit.kernels.gemm import _cpu
+    from credit.kernels.gemm._ops import pad_row_groups
+
+    gen = torch.Generator().manual_seed(45)
+    g = torch.randn(groups * rows, n_out, generator=gen)
+    x = torch.randn(groups * rows, n_in, generator=gen)
+    g[:, 0] = -0.0  # a column of -0 products: +0 only if the padded leaves match
+    g, x = g.to(dtype), x.to(dtype)
+    want = _cpu.mm(pad_row_groups(g, groups).t(), pad_row_groups(x, groups), dtype)
+    got = _cpu.mm(g.t(), x, dtype, k_groups=groups)
+    assert torch.equal(got.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       want.view(torch.int16 if dtype != torch.float32 else torch.int32))
+    if rows % 32 and dtype == torch.float32:  # the grouping changes the tree
+        # (whole leaves: the same tree; bf16 rounding can hide the difference)
+        assert not torch.equal(got, _cpu.mm(g.t(), x, dtype))
+
+
 def _materialise(base: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     index = row[:, None] + col[None, :]
     valid = (row[:, None] >= 0) & (col[None, :] >= 0)

@@ -77,10 +77,19 @@ def test_conv2d_input_grad_in_sample_chunks_is_the_matrix_path(samples_per_chunk
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("scale, grid, batch", [(2, (4, 8), 2), (4, (3, 5), 3), (2, (5, 7), 1)])
-def test_conv_transpose_gather_path_is_the_matrix_path(scale, grid, batch, bias):
+@pytest.mark.parametrize("kernel, stride, padding, grid, batch", [
+    (2, 2, 0, (4, 8), 2), (4, 4, 0, (3, 5), 3), (2, 2, 0, (5, 7), 1),  # blocks side by side
+    (4, 2, 1, (4, 8), 2),   # overlapping: CREDIT's output head (k=4, s=2, p=1)
+    (4, 2, 1, (3, 5), 3),   # 15 input pixels a sample: dW's rows padded to a leaf
+    (3, 1, 1, (5, 7), 1), (6, 2, 2, (4, 6), 2),
+])
+@pytest.mark.parametrize("weight_rows, g_rows", [(True, True), (False, False)])
+def test_conv_transpose_gather_path_is_the_matrix_path(kernel, stride, padding, grid, batch, bias,
+                                                       weight_rows, g_rows, monkeypatch):
+    monkeypatch.setattr(det_conv, "_weight_rows_faster", lambda c_out, length: weight_rows)
+    monkeypatch.setattr(det_conv, "_weight_grad_as_g_rows", lambda c_out, length, stride: g_rows)
     torch.manual_seed(1)
-    layer = DetConvTranspose2d(12, 6, kernel_size=scale, stride=scale, bias=bias)
+    layer = DetConvTranspose2d(12, 6, kernel_size=kernel, stride=stride, padding=padding, bias=bias)
     x = torch.randn(batch, 12, *grid)
     (gather, matrix) = _both_paths(layer, x, seed=5)
     for what, a, b in zip(("output", "dx", "dW", "db"), gather, matrix):
@@ -88,6 +97,11 @@ def test_conv_transpose_gather_path_is_the_matrix_path(scale, grid, batch, bias)
             assert b is None
             continue
         _same_bits(a, b, what)
+    # both anchored to torch's transposed convolution
+    want = torch.nn.functional.conv_transpose2d(
+        x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double(),
+        stride=stride, padding=padding)
+    assert torch.allclose(gather[0].double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_conv2d_gather_path_equals_torch_to_rounding():

@@ -1,7 +1,8 @@
 """CPU backend: a C++ extension compiled on first use and cached.
 
-The extension (engine ``csrc/cpu_gemm_engine.cpp``, bindings ``csrc/cpu_gemm.cpp``; operands
-are offset tables, see ``csrc/cpu_gemm_kernel.h``) is built with ``torch.utils.cpp_extension``
+The extension (engine ``csrc/cpu_gemm_engine.cpp`` and ``csrc/cpu_gemm_tile.inc``, the row
+tree's sums ``csrc/cpu_row_sums.cpp``, bindings ``csrc/cpu_gemm.cpp``; operands are offset
+tables, see ``csrc/cpu_gemm_kernel.h``) is built with ``torch.utils.cpp_extension``
 for the SIMD level torch reports for this CPU (AVX-512, AVX2+FMA, or portable
 scalar code).  The build directory is keyed by that level, so a shared cache
 never hands an AVX-512 binary to an AVX2 machine.  All three code paths use
@@ -17,6 +18,7 @@ with a caller-fixed reduction order).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -28,7 +30,7 @@ from ._build import build_environment
 from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp"]
+_SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp", _CSRC / "cpu_row_sums.cpp"]
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -57,6 +59,16 @@ def default_isa() -> str:
     return "scalar"
 
 
+def _included_files_flag() -> str:
+    """A define naming the hash of the header and included files: torch rebuilds a cached
+    extension when its sources or flags change, and would miss a change to these alone."""
+    digest = hashlib.sha256()
+    for path in sorted(_CSRC.glob("cpu_*")):
+        if path.suffix in (".h", ".inc"):
+            digest.update(path.name.encode() + path.read_bytes())
+    return f"-DCREDIT_GEMM_INCLUDES={digest.hexdigest()[:16]}"
+
+
 def load(isa: str | None = None) -> ModuleType:
     """Build (first call) or load the extension for ``isa``; raise on failure."""
     isa = isa or default_isa()
@@ -69,7 +81,7 @@ def load(isa: str | None = None) -> ModuleType:
             from torch.utils import cpp_extension
 
             # no -std: torch adds the C++ standard its own headers need (c++17 in 2.11 and 2.13, c++20 in 2.15)
-            flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa]]
+            flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa], _included_files_flag()]
             name = f"credit_det_gemm_cpu_{isa}"
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
             with build_environment(build_dir):
@@ -98,17 +110,20 @@ def unavailable_reason() -> str | None:
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
-       bias: torch.Tensor | None = None) -> torch.Tensor:
+       bias: torch.Tensor | None = None, k_groups: int = 1) -> torch.Tensor:
     """``a @ b`` on the CPU with the fixed K tree; inputs already validated. ``bias`` (N,) is
-    added in fp32 to the finished sums before the one rounding to ``out_dtype``."""
+    added in fp32 to the finished sums before the one rounding to ``out_dtype``. With
+    ``k_groups`` > 1, K is reduced as that many equal groups each padded to whole leaves:
+    ``pad_row_groups(a.t(), k_groups).t() @ pad_row_groups(b, k_groups)``'s bits, without the
+    padded copies or the padding's products."""
     mod = load()
     M, K = a.shape
     N = b.shape[1]
     out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    n = num_leaves(K)
+    n = k_groups * num_leaves(K // k_groups)
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
-    mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out, bias)
+    mod.det_mm(a, b, schedule_tensor(n, a.device), merge_schedule(n)[1], out, bias, k_groups)
     return out
 
 
@@ -142,6 +157,38 @@ def channel_sums(g: torch.Tensor, times: torch.Tensor | None = None) -> torch.Te
     n = b * num_leaves(flat.shape[2])
     mod.det_channel_sums(flat, times, schedule_tensor(n, g.device), merge_schedule(n)[1], out)
     return out
+
+
+def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                 groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(g * weight, colsum(g, groups, times=x), colsum(g, groups)) of fp32 rows ``g``, ``x``
+    (M, N) and ``weight`` (N,), in one pass, with those three results' bits."""
+    mod = load()
+    g, x = g.contiguous(), x.contiguous()
+    gx = torch.empty_like(g)
+    gw = torch.empty(g.shape[1], dtype=torch.float32)
+    gb = torch.empty(g.shape[1], dtype=torch.float32)
+    n = groups * num_leaves(g.shape[0] // groups)
+    mod.det_affine_grads(g, x, weight.contiguous(), groups, schedule_tensor(n, g.device),
+                         merge_schedule(n)[1], gx, gw, gb)
+    return gx, gw, gb
+
+
+def planar_affine_grads(g: torch.Tensor, x: torch.Tensor,
+                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(g * weight per channel, channel_sums(g, times=x), channel_sums(g)) of fp32 NCHW ``g``,
+    ``x`` and ``weight`` (C,), in one pass, with those three results' bits."""
+    mod = load()
+    b, c = g.shape[:2]
+    g, x = g.contiguous(), x.contiguous()
+    gx = torch.empty_like(g)
+    gw = torch.empty(c, dtype=torch.float32)
+    gb = torch.empty(c, dtype=torch.float32)
+    n = b * num_leaves(g[0, 0].numel())
+    mod.det_planar_affine_grads(g.view(b, c, -1), x.view(b, c, -1), weight.contiguous(),
+                                schedule_tensor(n, g.device), merge_schedule(n)[1],
+                                gx.view(b, c, -1), gw, gb)
+    return gx, gw, gb
 
 
 def mm_gather(

@@ -147,6 +147,17 @@ def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
     return out.view(groups * padded, t.shape[1])
 
 
+def _weight_grad(g: torch.Tensor, x2: torch.Tensor, groups: int, backend: str,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``gᵀ @ x2`` reduced over the rows in ``groups`` each padded to whole leaves."""
+    if backend == "cpu" and groups > 1 and min(g.shape[0], g.shape[1], x2.shape[1]) > 0:
+        from . import _cpu
+
+        # the padded rows' bits, without their copies or their products
+        return _cpu.mm(g.t(), x2, dtype, k_groups=groups)
+    return _mm(pad_row_groups(g, groups).t(), pad_row_groups(x2, groups), backend, dtype)
+
+
 def row_sum(g: torch.Tensor, groups: int, backend: str, dtype: torch.dtype) -> torch.Tensor:
     """Sum over the rows of ``g (M, N)`` with the fixed row tree, rows in ``groups``."""
     if backend == "cpu" and g.dtype == torch.float32 and g.shape[0] > 0:
@@ -194,7 +205,7 @@ class _DetLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = _mm(g, weight, be, dt)  # (M, N) @ (N, K): tree over N
         if ctx.needs_input_grad[1]:  # (N, M) @ (M, K): tree over rows M (grouped)
-            gw = _mm(pad_row_groups(g, ctx.groups).t(), pad_row_groups(x2, ctx.groups), be, dt)
+            gw = _weight_grad(g, x2, ctx.groups, be, dt)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(g, ctx.groups, be, dt)  # same row tree as dW
         return gx, gw, gb, None, None, None

@@ -110,13 +110,20 @@ def _input_grad(g: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace, conv,
     return gx
 
 
+def _fills_panels(c_out: int) -> bool:
+    """Whether C_out output columns fill whole column panels of the kernel's tile: the wide
+    tile's, or the one narrow panel it takes for outputs of at most half its width."""
+    mod = _cpu.load()
+    return c_out % mod.nr == 0 or c_out == mod.narrow_nr
+
+
 def _weight_rows_faster(c_out: int, length: int) -> bool:
     """Whether a forward runs faster as W @ patches than as patches @ Wᵀ (the same bits
     either way): when C_out does not fill whole column panels of the kernel's tile, or
     a plane has fewer positions than a panel and a leaf (measured on CREDIT's shapes on an
-    AVX2 Zen 3, panels of 16, and an AVX-512 Zen 4, panels of 64)."""
-    nr = _cpu.load().nr
-    return c_out % nr != 0 or length < min(nr, LEAF)
+    AVX2 Zen 3, panels of 16, and an AVX-512 Zen 4, panels of 64 and a narrow one of 32:
+    C_out = 32 1.2-1.6x faster as patches @ Wᵀ)."""
+    return not _fills_panels(c_out) or length < min(_cpu.load().nr, LEAF)
 
 
 def _weight_grad_as_g_rows(c_out: int, length: int, stride: tuple[int, int]) -> bool:
@@ -126,13 +133,42 @@ def _weight_grad_as_g_rows(c_out: int, length: int, stride: tuple[int, int]) -> 
     leaves are then packed; g's rows are runs of positions read in place). Measured on
     CREDIT's convolution shapes at 32x64 and 64x128 on an AVX-512 Zen 4 (1.4-1.7x faster
     where it applies, at most 0.1 ms slower on two small strided shapes)."""
-    return length < LEAF or c_out % _cpu.load().nr != 0 or tuple(stride) != (1, 1)
+    return length < LEAF or not _fills_panels(c_out) or tuple(stride) != (1, 1)
 
 
 def _disjoint_patches(conv) -> bool:
     """No padding and a stride of at least the kernel: every input pixel in at most one patch."""
     return (conv.padding == (0, 0) and conv.dilation == (1, 1)
             and all(s >= k for s, k in zip(conv.stride, conv.kernel_size)))
+
+
+def _patches_times_weight(xp: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace,
+                          y: torch.Tensor) -> None:
+    """y (B, C_out, H_o, W_o) = the convolution of the padded input `xp` by `weight`: each
+    output the tree over its patch's (c, i, j) products."""
+    c_out, length = weight.shape[0], y.shape[-2] * y.shape[-1]
+    w_flat = weight.contiguous().view(-1)
+    if _weight_rows_faster(c_out, length):  # y = W @ patches: the same products and tree
+        _cpu.mm_gather(w_flat, t.cout_by_ckk, t.k_ident, xp.view(-1), t.kcol, t.x_rows,
+                       y.view(-1), t.cout_by_length, t.y_rows)
+    else:  # y = patches @ Wᵀ
+        _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
+                       y.view(-1), t.y_rows, t.cout_by_length)
+
+
+def _weight_grad(g: torch.Tensor, xp: torch.Tensor, t: SimpleNamespace, stride: tuple[int, int],
+                 weight: torch.Tensor) -> torch.Tensor:
+    """dW of the convolution of padded `xp` with output gradient `g`: dWᵀ = patchesᵀ @ g, the
+    row tree over every sample's positions padded to whole leaves."""
+    c_out, length = weight.shape[0], g.shape[-2] * g.shape[-1]
+    gw = torch.empty(weight.shape, dtype=weight.dtype)
+    if _weight_grad_as_g_rows(c_out, length, stride):  # dW = g @ patches
+        _cpu.mm_gather(g.view(-1), t.cout_by_length, t.g_rows_padded, xp.view(-1),
+                       t.x_rows_padded, t.kcol, gw.view(-1), t.cout_by_ckk, t.k_ident)
+    else:
+        _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
+                       t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
+    return gw
 
 
 class _GatherConv2d(torch.autograd.Function):
@@ -146,14 +182,8 @@ class _GatherConv2d(torch.autograd.Function):
         wo = (wp - conv.dilation[1] * (kernel[1] - 1) - 1) // conv.stride[1] + 1
         c_out = weight.shape[0]
         t = _conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
-        w_flat = weight.contiguous().view(-1)
         y = torch.empty((b, c_out, ho, wo), dtype=torch.float32 if bias is not None else x.dtype)
-        if _weight_rows_faster(c_out, ho * wo):  # y = W @ patches: the same products and tree
-            _cpu.mm_gather(w_flat, t.cout_by_ckk, t.k_ident, xp.view(-1), t.kcol, t.x_rows,
-                           y.view(-1), t.cout_by_length, t.y_rows)
-        else:  # y = patches @ Wᵀ
-            _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
-                           y.view(-1), t.y_rows, t.cout_by_length)
+        _patches_times_weight(xp, weight, t, y)
         if bias is not None:  # added to the fp32 accumulation, one rounding
             y = (y + bias.to(torch.float32).view(1, -1, 1, 1)).to(x.dtype)
         # x, not its padded copy: the layer before usually keeps x for its own backward, and
@@ -170,8 +200,7 @@ class _GatherConv2d(torch.autograd.Function):
         (ph, pw) = conv.padding
         xp = (F.pad(x, (pw, pw, ph, ph)) if ph or pw else x).contiguous() if ctx.needs_input_grad[1] else None
         b, c, h, w, ho, wo = ctx.shape
-        c_out, length = weight.shape[0], ho * wo
-        ckk = c * conv.kernel_size[0] * conv.kernel_size[1]
+        length = ho * wo
         g = grad.to(x.dtype).contiguous()
         gx = gw = gb = None
         if ctx.needs_input_grad[0] and _disjoint_patches(conv):
@@ -183,17 +212,10 @@ class _GatherConv2d(torch.autograd.Function):
             gx.add_(0.0)
         elif ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
             gx = _input_grad(g, weight, t, conv, (b, c, h, w), length, x.dtype)
-        if ctx.needs_input_grad[1]:  # dWᵀ = patchesᵀ @ g: the row tree over padded samples
-            gw = torch.empty((c_out, ckk), dtype=weight.dtype)
-            if _weight_grad_as_g_rows(c_out, length, conv.stride):  # dW = g @ patches
-                _cpu.mm_gather(g.view(-1), t.cout_by_length, t.g_rows_padded, xp.view(-1),
-                               t.x_rows_padded, t.kcol, gw.view(-1), t.cout_by_ckk, t.k_ident)
-            else:
-                _cpu.mm_gather(xp.view(-1), t.kcol, t.x_rows_padded, g.view(-1), t.g_rows_padded,
-                               t.cout_by_length, gw.view(-1), t.k_ident, t.cout_by_ckk)
-            gw = gw.view(weight.shape)
+        if ctx.needs_input_grad[1]:
+            gw = _weight_grad(g, xp, t, conv.stride, weight)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = _bias_grad(g, t.g_rows_padded, c_out, length, weight.dtype)
+            gb = _bias_grad(g, t.g_rows_padded, weight.shape[0], length, weight.dtype)
         return gx, gw, gb, None
 
 
@@ -263,3 +285,54 @@ class _GatherUpsample(torch.autograd.Function):
 def conv_transpose2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Kernel == stride transposed convolution of NCHW `x` on the CPU, bitwise the matrix path."""
     return _GatherUpsample.apply(x, weight, bias)
+
+
+class _GatherFoldConvTranspose2d(torch.autograd.Function):
+    """ConvTranspose2d with overlapping kernels (k - s = 2·padding): each input pixel's channels
+    times (C_in, C_out·kh·kw), folded in col2im's order. The transposed convolution is the
+    input gradient of the convolution from its output back to its input (same weight, stride
+    and padding), so forward is that convolution's `_input_grad`, dx its forward and dW its
+    weight gradient: the matrix path's products and trees, without the sub-pixel kernel's
+    zero taps (2.25x the products at k = 4, s = 2)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv):  # type: ignore[override]
+        b, c_in, h, w = x.shape
+        c_out = weight.shape[1]
+        (kh, kw), (sh, sw), (ph, pw) = conv.kernel_size, conv.stride, conv.padding
+        ho, wo = (h - 1) * sh - 2 * ph + kh, (w - 1) * sw - 2 * pw + kw
+        # the adjoint convolution: C_out channels of (ho, wo) to C_in channels of (h, w)
+        t = _conv_tables(b, c_out, ho + 2 * ph, wo + 2 * pw, c_in, h, w, conv.kernel_size,
+                         conv.stride, conv.dilation)
+        x = x.contiguous()
+        y = _input_grad(x, weight, t, conv, (b, c_out, ho, wo), h * w, x.dtype)
+        if bias is not None:  # one rounding of the fp32 sum, as the matrix path's affine
+            y = y + bias.view(1, -1, 1, 1)
+        ctx.save_for_backward(x, weight)
+        ctx.tables, ctx.conv, ctx.has_bias = t, conv, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        t, conv = ctx.tables, ctx.conv
+        (ph, pw) = conv.padding
+        g = grad.to(x.dtype).contiguous()
+        gp = (F.pad(g, (pw, pw, ph, ph)) if ph or pw else g).contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:  # the tree over (C_out, kh, kw), as g's unfolded rows @ W
+            gx = torch.empty_like(x)
+            _patches_times_weight(gp, weight, t, gx)
+        if ctx.needs_input_grad[1]:  # the row tree over each sample's input pixels
+            gw = _weight_grad(x, gp, t, conv.stride, weight)
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # the row tree over output pixels
+            gb = _cpu.channel_sums(g.view(g.shape[0], g.shape[1], -1)).to(weight.dtype)
+        return gx, gw, gb, None
+
+
+def conv_transpose2d_overlapping(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                 conv) -> torch.Tensor:
+    """`conv`'s (a DetConvTranspose2d with k - s = 2·padding) transposed convolution of fp32
+    NCHW `x` on the CPU, bitwise its matrix path."""
+    return _GatherFoldConvTranspose2d.apply(x, weight, bias, conv)

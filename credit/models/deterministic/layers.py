@@ -71,70 +71,39 @@ class DetConv2d(nn.Conv2d):
 
 
 class DetConvTranspose2d(nn.ConvTranspose2d):
-    """`nn.ConvTranspose2d` that multiplies the size by its stride: kernel == stride (no
-    overlap) as one GEMM per input pixel; overlapping kernels (k - s = 2·padding, e.g.
-    CREDIT's k=4, s=2, p=1 output head) as the equivalent sub-pixel convolution."""
+    """`nn.ConvTranspose2d` that multiplies the size by its stride (kernel - stride =
+    2·padding): each input pixel's channels times the (C_in, C_out·kh·kw) GEMM, placed (kernel
+    == stride) or folded in col2im's order (overlapping kernels, e.g. CREDIT's k=4, s=2, p=1
+    output head)."""
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if (self.output_padding != (0, 0) or self.dilation != (1, 1) or self.groups != 1
                 or output_size is not None or self.stride[0] != self.stride[1]
                 or any(k - s != 2 * p for k, s, p in zip(self.kernel_size, self.stride, self.padding))):
             raise NotImplementedError("DetConvTranspose2d supports one group and kernel - stride = 2 * padding")
-        if self.kernel_size != self.stride:
-            return self.subpixel_forward(x)
-        if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:
-            return det_conv.conv_transpose2d(x, self.weight, self.bias)  # same bits, no copies
+        if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:  # same bits, no copies
+            if self.kernel_size == self.stride:
+                return det_conv.conv_transpose2d(x, self.weight, self.bias)
+            return det_conv.conv_transpose2d_overlapping(x, self.weight, self.bias, self)
         return self.matrix_forward(x)
 
     def matrix_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The definition: each input pixel's channels times the (C_in, C_out·kh·kw) GEMM."""
+        """The definition: each input pixel's channels times the (C_in, C_out·kh·kw) GEMM,
+        then the blocks placed side by side, or added by F.fold where they overlap."""
         b, c_in, h, w = x.shape
         kh, kw = self.kernel_size
         weight = self.weight.reshape(c_in, -1).t()  # (C_out * kh * kw, C_in)
         y = linear_local(x.permute(0, 2, 3, 1), weight, None, _BACKEND, groups=b)
-        y = y.view(b, h, w, self.out_channels, kh, kw).permute(0, 1, 4, 2, 5, 3)
-        y = y.reshape(b, h * kh, w * kw, self.out_channels)  # channels-last rows per sample
+        if self.kernel_size != self.stride:
+            size = tuple(n * s for n, s in zip((h, w), self.stride))
+            y = F.fold(y.reshape(b, h * w, -1).transpose(1, 2), size, self.kernel_size,
+                       padding=self.padding, stride=self.stride).permute(0, 2, 3, 1)
+        else:
+            y = y.view(b, h, w, self.out_channels, kh, kw).permute(0, 1, 4, 2, 5, 3)
+            y = y.reshape(b, h * kh, w * kw, self.out_channels)  # channels-last rows per sample
         if self.bias is not None:
             y = channel_affine(y, None, self.bias)
         return y.permute(0, 3, 1, 2).contiguous()
-
-
-    def subpixel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Output phase (a, b) of a stride-s transposed convolution is a convolution of the
-        input with the taps that land on it: one 'same' convolution to C_out·s² channels,
-        then a pixel shuffle. The sub-pixel kernel is stacked from slices of the weight, so
-        its gradient flows back by slicing (no scatter)."""
-        kernel, reach = subpixel_kernel(self.weight, self.stride[0], self.padding)
-        y = det_conv2d(x, kernel, None, ConvGeometry(kernel.shape[-2:], padding=reach))
-        y = F.pixel_shuffle(y, self.stride[0])
-        if self.bias is None:
-            return y
-        return channel_affine(y.permute(0, 2, 3, 1), None, self.bias).permute(0, 3, 1, 2).contiguous()
-
-
-def subpixel_kernel(weight: torch.Tensor, stride: int,
-                    padding: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
-    """(C_out·s², C_in, K_h, K_w) kernel and 'same' padding of the sub-pixel convolution that
-    equals a transposed convolution with `weight` (C_in, C_out, k_h, k_w), stride s and
-    k - s = 2·padding. Output row s·i + a takes input row i + d through tap k = a + p - s·d."""
-    c_in, c_out = weight.shape[:2]
-    reaches = []
-    for k, p in zip(weight.shape[2:], padding):
-        reaches.append(max(max(-((a + p - k + 1) // stride), (a + p) // stride) for a in range(stride)))
-    zeros = weight.new_zeros(c_out, c_in)
-    phases = []
-    for a in range(stride):
-        for b in range(stride):
-            taps = []
-            for dy in range(-reaches[0], reaches[0] + 1):
-                for dx in range(-reaches[1], reaches[1] + 1):
-                    ky, kx = a + padding[0] - stride * dy, b + padding[1] - stride * dx
-                    inside = 0 <= ky < weight.shape[2] and 0 <= kx < weight.shape[3]
-                    taps.append(weight[:, :, ky, kx].t() if inside else zeros)
-            phases.append(torch.stack(taps, dim=-1))  # (C_out, C_in, K_h·K_w)
-    size = (2 * reaches[0] + 1, 2 * reaches[1] + 1)
-    kernel = torch.stack(phases, dim=1)  # (C_out, s², C_in, K_h·K_w): pixel shuffle's channel order
-    return kernel.reshape(c_out * stride * stride, c_in, *size), (reaches[0], reaches[1])
 
 
 class _ChannelAffine(torch.autograd.Function):
@@ -152,9 +121,17 @@ class _ChannelAffine(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         x, weight = ctx.saved_tensors
         backend = resolve(_BACKEND, grad.device)
-        gx = grad * weight if weight is not None else grad
         want_w = weight is not None and ctx.needs_input_grad[1]
         want_b = ctx.has_bias and ctx.needs_input_grad[2]
+        if (want_w and want_b and ctx.sequence_group is None and backend == "cpu"
+                and grad.dtype == x.dtype == weight.dtype == torch.float32):
+            from credit.kernels.gemm import _cpu
+
+            # the three results below in one pass over the gradient
+            gx, gw, gb = _cpu.affine_grads(grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1]),
+                                           weight, ctx.groups)
+            return gx.view(grad.shape), gw, gb, None, None
+        gx = grad * weight if weight is not None else grad
         if ctx.sequence_group is not None:
             gw, gb = _sequence_sums(grad, x, want_w, want_b, ctx.sequence_group, backend)
             return gx, gw, gb, None, None
@@ -216,6 +193,8 @@ class _PlanarAffine(torch.autograd.Function):
 
         x, weight = ctx.saved_tensors
         grad = grad.contiguous()
+        if ctx.needs_input_grad[1] and ctx.needs_input_grad[2]:  # the three below in one pass
+            return _cpu.planar_affine_grads(grad, x, weight)
         gx = grad * weight.view(1, -1, 1, 1)
         gw = _cpu.channel_sums(grad, times=x) if ctx.needs_input_grad[1] else None
         gb = _cpu.channel_sums(grad) if ctx.needs_input_grad[2] else None

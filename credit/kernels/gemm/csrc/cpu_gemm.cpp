@@ -1,7 +1,8 @@
 // Python bindings of the CPU GEMM engine (cpu_gemm_kernel.h): det_mm for
 // strided matrices, det_mm_gather for offset-table operands (padded row trees,
-// implicit im2col), det_colsum for the row tree's column sums.
+// implicit im2col), det_fold; and of the row tree's sums (cpu_row_sums.h).
 #include "cpu_gemm_kernel.h"
+#include "cpu_row_sums.h"
 
 using namespace credit_gemm;
 
@@ -31,10 +32,12 @@ void dispatch_out(const Gather<T>& a, const Gather<T>& b, at::Tensor& out, const
   }
 }
 
-// Share of a tile's MR x NR lanes that an m x n output fills.
+// Share of a tile's lanes that an m x n output fills, on the tile the engine picks for it.
 double tile_fill(int64_t m, int64_t n) {
-  const double rows = static_cast<double>(m) / (((m + MR - 1) / MR) * MR);
-  const double cols = static_cast<double>(n) / (((n + NR - 1) / NR) * NR);
+  const int64_t mr = narrow_fills_better(n) ? kNarrowMR : MR;
+  const int64_t nr = narrow_fills_better(n) ? kNarrowNR : NR;
+  const double rows = static_cast<double>(m) / (((m + mr - 1) / mr) * mr);
+  const double cols = static_cast<double>(n) / (((n + nr - 1) / nr) * nr);
   return rows * cols;
 }
 
@@ -52,11 +55,25 @@ void check_schedule(const at::Tensor& merges, int64_t K, const char* op) {
               op, ": merge schedule does not match K");
 }
 
+// The K tables of a reduction over `groups` equal groups of `rows` consecutive indices each
+// padded to whole leaves (pad_row_groups in _ops.py, without the padded copy): index k of the
+// padded K reads index g * rows + i (stride apart), or zero (-1) past a group's rows.  The
+// engine's FMA chains stop at a leaf's last real k, so the padding costs neither FMAs nor
+// packing of A, and the bits are those of the zero-padded operands.
+std::vector<int64_t> grouped(int64_t groups, int64_t rows, int64_t stride) {
+  const int64_t padded = (rows + kLeaf - 1) / kLeaf * kLeaf;
+  std::vector<int64_t> t(static_cast<size_t>(groups * padded), -1);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < rows; ++i) t[g * padded + i] = (g * rows + i) * stride;
+  return t;
+}
+
 // Fills `out` (M x N, contiguous) with A @ B (+ bias, fp32, added to the fp32
-// sums before the one rounding).  Shapes, dtypes and devices are validated in
-// Python; the checks here guard the raw pointer arithmetic.
+// sums before the one rounding).  With k_groups > 1, K is reduced as k_groups equal groups,
+// each padded to whole leaves (a weight gradient over samples' rows).  Shapes, dtypes and
+// devices are validated in Python; the checks here guard the raw pointer arithmetic.
 void det_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& merges, int64_t depth,
-            at::Tensor& out, const c10::optional<at::Tensor>& bias) {
+            at::Tensor& out, const c10::optional<at::Tensor>& bias, int64_t k_groups) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
               "det_mm cpu: bad shapes ", a.sizes(), " @ ", b.sizes());
   TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && out.device().is_cpu(),
@@ -64,10 +81,16 @@ void det_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& merges, 
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "det_mm cpu: dtype mismatch");
   TORCH_CHECK(out.is_contiguous() && out.size(0) == a.size(0) && out.size(1) == b.size(1),
               "det_mm cpu: bad output tensor");
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const int64_t M = a.size(0), N = b.size(1);
+  TORCH_CHECK(k_groups >= 1 && a.size(1) % k_groups == 0, "det_mm cpu: ", k_groups,
+              " groups do not divide K = ", a.size(1));
+  const int64_t rows = a.size(1) / k_groups;
+  const bool pad = k_groups > 1 && rows % kLeaf != 0;
+  const auto acol = pad ? grouped(k_groups, rows, a.stride(1)) : strided(a.size(1), a.stride(1));
+  const auto brow = pad ? grouped(k_groups, rows, b.stride(0)) : strided(a.size(1), b.stride(0));
+  const int64_t K = static_cast<int64_t>(acol.size());
   check_schedule(merges, K, "det_mm cpu");
-  const auto arow = strided(M, a.stride(0)), acol = strided(K, a.stride(1));
-  const auto brow = strided(K, b.stride(0)), bcol = strided(N, b.stride(1));
+  const auto arow = strided(M, a.stride(0)), bcol = strided(N, b.stride(1));
   const auto orow = strided(M, N), ocol = strided(N, 1);
   if (bias.has_value())
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
@@ -157,145 +180,6 @@ void det_mm_gather(const at::Tensor& a, const at::Tensor& arow, const at::Tensor
   }
 }
 
-// Column sums of fp32 g (M x N, unit column stride) with the row tree: the
-// arithmetic of ones(1, M') @ g' through det_mm, where g' holds g's rows as
-// `groups` equal groups, each zero-padded to whole leaves (pad_row_groups in
-// _ops.py): a leaf adds its rows to +0 in order (fma(1, x, s) rounds exactly
-// like s + x), and its padding rows, +0 each, are skipped (they leave a sum that
-// started from +0 as it is).  At memory speed instead of a 1-row GEMM, and
-// without the padded copy: each row is read once, all its columns together.
-// With `x` (g's shape), the rows summed are g * x, each product rounded once as
-// torch's multiply rounds it (an affine weight's gradient, without its temporary).
-void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t groups,
-                const at::Tensor& merges, int64_t depth, at::Tensor& out) {
-  TORCH_CHECK(g.dim() == 2 && g.device().is_cpu() && g.scalar_type() == at::kFloat &&
-                  (g.size(1) <= 1 || g.stride(1) == 1),
-              "det_colsum cpu: g must be a 2-D fp32 CPU tensor with unit column stride");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 1 &&
-                  out.size(0) == g.size(1),
-              "det_colsum cpu: bad output tensor");
-  const int64_t M = g.size(0), N = g.size(1), sm = g.stride(0);
-  if (x.has_value())
-    TORCH_CHECK(x->sizes() == g.sizes() && x->scalar_type() == at::kFloat && x->device().is_cpu() &&
-                    (N <= 1 || x->stride(1) == 1),
-                "det_colsum cpu: x must be an fp32 CPU tensor of g's shape, unit column stride");
-  const float* xd = x.has_value() ? x->data_ptr<float>() : nullptr;
-  const int64_t xm = x.has_value() ? x->stride(0) : 0;
-  TORCH_CHECK(groups >= 1 && M % groups == 0, "det_colsum cpu: ", groups,
-              " groups do not divide ", M, " rows");
-  const int64_t rows = M / groups, per_group = (rows + kLeaf - 1) / kLeaf;
-  const int64_t nleaves = groups * per_group;
-  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
-                  merges.numel() == nleaves && nleaves > 0,
-              "det_colsum cpu: merge schedule does not match the row count");
-  const float* gd = g.data_ptr<float>();
-  const int32_t* sched = merges.data_ptr<int32_t>();
-  float* od = out.data_ptr<float>();
-  const int64_t chunks = (N + VL - 1) / VL;
-  at::parallel_for(0, chunks, 8, [&](int64_t lo, int64_t hi) {
-    const int64_t width = hi - lo;  // chunks of VL columns this thread sums
-    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1) * width * VL));
-    std::vector<vec> acc(static_cast<size_t>(width));
-    alignas(64) float edge[VL];
-    const int64_t n_lo = lo * VL, tail = std::min<int64_t>(VL, N - (hi - 1) * VL);
-    int64_t top = 0;
-    for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-      for (int64_t c = 0; c < width; ++c) acc[c] = vzero();
-      const int64_t group = leaf / per_group, first = (leaf % per_group) * kLeaf;
-      const int64_t last = std::min<int64_t>(first + kLeaf, rows);
-      for (int64_t k = first; k < last; ++k) {
-        const float* p = gd + (group * rows + k) * sm + n_lo;
-        const float* px = xd == nullptr ? nullptr : xd + (group * rows + k) * xm + n_lo;
-        for (int64_t c = 0; c + 1 < width; ++c) {
-          const vec v = vload(p + c * VL);
-          acc[c] = vadd(acc[c], px == nullptr ? v : vmul(v, vload(px + c * VL)));
-        }
-        const int64_t c = width - 1;  // the last chunk may be partial
-        if (tail == VL) {
-          const vec v = vload(p + c * VL);
-          acc[c] = vadd(acc[c], px == nullptr ? v : vmul(v, vload(px + c * VL)));
-        } else {
-          for (int i = 0; i < VL; ++i)
-            edge[i] = i >= tail ? 0.0f : px == nullptr ? p[c * VL + i] : p[c * VL + i] * px[c * VL + i];
-          acc[c] = vadd(acc[c], vload(edge));
-        }
-      }
-      for (int32_t m = sched[leaf]; m > 0; --m) {
-        --top;
-        for (int64_t c = 0; c < width; ++c)
-          acc[c] = vadd(vload(stack.data() + (top * width + c) * VL), acc[c]);
-      }
-      if (leaf + 1 < nleaves) {
-        for (int64_t c = 0; c < width; ++c) vstore(stack.data() + (top * width + c) * VL, acc[c]);
-        ++top;
-      }
-    }
-    for (int64_t c = 0; c < width; ++c) {
-      vstore(edge, acc[c]);
-      const int64_t n0 = (lo + c) * VL, cols = std::min<int64_t>(VL, N - n0);
-      for (int i = 0; i < cols; ++i) od[n0 + i] = edge[i];
-    }
-  });
-}
-
-// Per-channel sums of fp32 NCHW g (B, C, P = H*W, contiguous) with the row tree of its
-// channels-last rows: det_colsum(g.permute(0, 2, 3, 1).reshape(B*P, C), groups = B)'s bits
-// (each sample's P positions in leaves of kLeaf, the padding skipped, the leaves of all
-// samples in one tree), read in place instead of through a channels-last copy.  A channel's
-// leaves of one sample are kLeaf apart, so their chains run interleaved: k outer, leaf
-// inner, every chain still adding its positions in ascending order from +0.  With `x`
-// (g's shape), the values summed are g * x, each product rounded once.
-void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
-                      const at::Tensor& merges, int64_t depth, at::Tensor& out) {
-  TORCH_CHECK(g.dim() == 3 && g.is_contiguous() && g.device().is_cpu() &&
-                  g.scalar_type() == at::kFloat,
-              "det_channel_sums cpu: g must be a contiguous fp32 CPU tensor (B, C, P)");
-  if (x.has_value())
-    TORCH_CHECK(x->sizes() == g.sizes() && x->is_contiguous() && x->scalar_type() == at::kFloat &&
-                    x->device().is_cpu(),
-                "det_channel_sums cpu: x must be a contiguous fp32 CPU tensor of g's shape");
-  const int64_t B = g.size(0), C = g.size(1), P = g.size(2);
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 1 &&
-                  out.size(0) == C,
-              "det_channel_sums cpu: bad output tensor");
-  const int64_t per_sample = (P + kLeaf - 1) / kLeaf, nleaves = B * per_sample;
-  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
-                  merges.numel() == nleaves && nleaves > 0,
-              "det_channel_sums cpu: merge schedule does not match the leaf count");
-  const float* gd = g.data_ptr<float>();
-  const float* xd = x.has_value() ? x->data_ptr<float>() : nullptr;
-  const int32_t* sched = merges.data_ptr<int32_t>();
-  float* od = out.data_ptr<float>();
-  at::parallel_for(0, C, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> leaves(static_cast<size_t>(nleaves));
-    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1)));
-    for (int64_t c = lo; c < hi; ++c) {
-      for (int64_t b = 0; b < B; ++b) {
-        const float* p = gd + (b * C + c) * P;
-        const float* q = xd == nullptr ? nullptr : xd + (b * C + c) * P;
-        float* s = leaves.data() + b * per_sample;
-        for (int64_t l = 0; l < per_sample; ++l) s[l] = 0.0f;
-        for (int64_t k = 0; k < kLeaf; ++k) {
-          const int64_t full = k < P % kLeaf || P % kLeaf == 0 ? per_sample : per_sample - 1;
-          if (q == nullptr) {
-            for (int64_t l = 0; l < full; ++l) s[l] = s[l] + p[l * kLeaf + k];
-          } else {
-            for (int64_t l = 0; l < full; ++l) s[l] = s[l] + p[l * kLeaf + k] * q[l * kLeaf + k];
-          }
-        }
-      }
-      int64_t top = 0;
-      float acc = 0.0f;
-      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-        acc = leaves[leaf];
-        for (int32_t m = sched[leaf]; m > 0; --m) acc = stack[--top] + acc;
-        if (leaf + 1 < nleaves) stack[top++] = acc;
-      }
-      od[c] = acc;
-    }
-  });
-}
-
 // fold (col2im) of fp32 columns (B, C*kh*kw, Ho*Wo) into zeroed images (B, C, H, W),
 // adding each pixel's patch contributions in torch's col2im order ((c, i, j)
 // ascending, from +0), so the bits are F.fold's; the loops are arranged so the
@@ -345,13 +229,18 @@ void det_fold(const at::Tensor& cols, at::Tensor& out, int64_t kh, int64_t kw, i
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_mm", &det_mm, "deterministic fp32-accumulating GEMM (fills out)", py::arg("a"),
         py::arg("b"), py::arg("merges"), py::arg("depth"), py::arg("out"),
-        py::arg("bias") = py::none());
+        py::arg("bias") = py::none(), py::arg("k_groups") = 1);
   m.def("det_mm_gather", &det_mm_gather, "the GEMM over offset-table operands (fills out)");
   m.def("det_colsum", &det_colsum, "column sums with the row tree (fills out)");
   m.def("det_channel_sums", &det_channel_sums, "NCHW per-channel sums with the row tree (fills out)");
+  m.def("det_affine_grads", &det_affine_grads,
+        "a channels-last affine's input, weight and bias gradients in one pass (fills outs)");
+  m.def("det_planar_affine_grads", &det_planar_affine_grads,
+        "an NCHW per-channel affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;
   m.attr("mr") = MR;
   m.attr("nr") = NR;
+  m.attr("narrow_nr") = kNarrowNR;
 }

@@ -73,6 +73,13 @@ constexpr const char* kIsa = "scalar";
 
 constexpr int NR = VL * NV;
 
+// The narrow tile (cpu_gemm_engine.cpp): half the columns and 8 rows (best of 6, 8, 10, 12 on
+// an AVX-512 Zen 4: 12 rows spill accumulators).  Taken when all of N fits one narrow panel
+// (N = 32 on AVX-512, the 32-channel stages): on wider N with a half-filled last panel (96,
+// 160, 288 columns) the wide tile's empty lanes cost less than the narrow tile's extra passes.
+constexpr int kNarrowMR = 8, kNarrowNV = NV / 2, kNarrowNR = VL * kNarrowNV;
+inline bool narrow_fills_better(int64_t n) { return n <= kNarrowNR && kNarrowNV > 0; }
+
 // A logical matrix read through offset tables: (i, j) -> base[row[i] + col[j]];
 // a negative entry in either table reads as zero.
 template <typename T>

@@ -1,0 +1,16 @@
+// The row tree's sums over fp32 rows (cpu_row_sums.cpp): what a bias or an affine weight's
+// gradient reduces, with the bits of the one-row GEMM over the padded rows.
+#pragma once
+
+#include <torch/extension.h>
+
+void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t groups,
+                const at::Tensor& merges, int64_t depth, at::Tensor& out);
+void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
+                      const at::Tensor& merges, int64_t depth, at::Tensor& out);
+void det_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, int64_t groups,
+                      const at::Tensor& merges, int64_t depth, at::Tensor& gx, at::Tensor& gw,
+                      at::Tensor& gb);
+void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& merges, int64_t depth, at::Tensor& gx,
+                             at::Tensor& gw, at::Tensor& gb);
