@@ -43,10 +43,7 @@ def _bins(tensors: list[torch.Tensor]) -> torch.Tensor:
     kernel = elementwise.fused(*flats)
     if kernel is None:
         return bins_torch(torch.cat(flats) if len(flats) > 1 else flats[0])
-    total = kernel.det_square_bins(flats[0])
-    for flat in flats[1:]:
-        total += kernel.det_square_bins(flat)
-    return total
+    return kernel.det_square_bins(flats)
 
 
 def bins_torch(flat: torch.Tensor) -> torch.Tensor:

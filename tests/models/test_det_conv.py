@@ -39,6 +39,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         (7, 9, 1, 1, 0, (6, 7), 4),
         (18, 64, 3, 1, 1, (5, 24), 2),    # K of two leaves and a partial one, whole panels
         (5, 12, 4, 2, 1, (6, 8), 3),      # 12 positions a sample: dW as g @ patches
+        (64, 8, 3, 1, 1, (5, 6), 2),      # K of 18 leaves: the tree-top split, bias at its end
     ],
 )
 @pytest.mark.parametrize("weight_rows, g_rows", [(True, True), (False, False), (True, False), (False, True)],

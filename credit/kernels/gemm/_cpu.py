@@ -195,17 +195,22 @@ def mm_gather(
     a: torch.Tensor, arow: torch.Tensor, acol: torch.Tensor,
     b: torch.Tensor, brow: torch.Tensor, bcol: torch.Tensor,
     out: torch.Tensor, orow: torch.Tensor, ocol: torch.Tensor,
+    bias: torch.Tensor | None = None, bias_on_rows: bool = False,
 ) -> torch.Tensor:
     """``out[orow[i] + ocol[j]] = sum_k a[arow[i] + acol[k]] * b[brow[k] + bcol[j]]`` with the
     fixed K tree, over flat contiguous ``a``, ``b`` and ``out`` (a ``-1`` entry in ``acol``,
     ``brow`` or ``bcol`` reads as zero): the GEMM over operands that are not matrices in
-    memory (per-sample padded row trees, implicit im2col). Fills and returns ``out``."""
+    memory (per-sample padded row trees, implicit im2col). ``bias`` (fp32, per output column,
+    or per row when ``bias_on_rows``) is added to the fp32 sums before the one rounding.
+    Fills and returns ``out``."""
     mod = load()
     n = num_leaves(acol.numel())
     if n == 0:
         raise ValueError("mm_gather: K must be positive")
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
     mod.det_mm_gather(a, arow, acol, b, brow, bcol, out, orow, ocol, schedule_tensor(n, a.device),
-                      merge_schedule(n)[1])
+                      merge_schedule(n)[1], bias, bias_on_rows)
     return out
 
 

@@ -17,7 +17,6 @@ import functools
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm import LEAF
@@ -57,6 +56,28 @@ def _conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
         k_ident=_ar(ckk), k_by_length=_ar(ckk, length),
         cout_by_ckk=_ar(c_out, ckk), cout_by_length=_ar(c_out, length), cout_ident=_ar(c_out),
     )
+
+
+_PADDED: dict[tuple, torch.Tensor] = {}
+_PADDED_KEPT = 16  # padded shapes kept (a model's convolutions use a few)
+
+
+def _padded(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+    """NCHW `x` zero-padded by (ph, pw), in a buffer kept per shape: its border is written once
+    and stays zero, so a call copies only the interior (a fresh padded tensor cost a page
+    fault per page, more than the copy: 0.4 ms a call inside a train step). Valid until the
+    next call with the same shape: callers read it within one GEMM and never keep it."""
+    if not (ph or pw):
+        return x.contiguous()
+    b, c, h, w = x.shape
+    key = (b, c, h, w, ph, pw, x.dtype)
+    buffer = _PADDED.get(key)
+    if buffer is None:
+        if len(_PADDED) >= _PADDED_KEPT:
+            _PADDED.pop(next(iter(_PADDED)))
+        buffer = _PADDED[key] = x.new_zeros((b, c, h + 2 * ph, w + 2 * pw))
+    buffer[:, :, ph:ph + h, pw:pw + w].copy_(x)
+    return buffer
 
 
 def _ones_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -143,17 +164,18 @@ def _disjoint_patches(conv) -> bool:
 
 
 def _patches_times_weight(xp: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace,
-                          y: torch.Tensor) -> None:
+                          y: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """y (B, C_out, H_o, W_o) = the convolution of the padded input `xp` by `weight`: each
-    output the tree over its patch's (c, i, j) products."""
+    output the tree over its patch's (c, i, j) products, plus `bias` (added to the fp32 sum
+    before its one rounding)."""
     c_out, length = weight.shape[0], y.shape[-2] * y.shape[-1]
     w_flat = weight.contiguous().view(-1)
     if _weight_rows_faster(c_out, length):  # y = W @ patches: the same products and tree
         _cpu.mm_gather(w_flat, t.cout_by_ckk, t.k_ident, xp.view(-1), t.kcol, t.x_rows,
-                       y.view(-1), t.cout_by_length, t.y_rows)
+                       y.view(-1), t.cout_by_length, t.y_rows, bias=bias, bias_on_rows=True)
     else:  # y = patches @ Wᵀ
         _cpu.mm_gather(xp.view(-1), t.x_rows, t.kcol, w_flat, t.k_ident, t.cout_by_ckk,
-                       y.view(-1), t.y_rows, t.cout_by_length)
+                       y.view(-1), t.y_rows, t.cout_by_length, bias=bias)
 
 
 def _weight_grad(g: torch.Tensor, xp: torch.Tensor, t: SimpleNamespace, stride: tuple[int, int],
@@ -176,16 +198,14 @@ class _GatherConv2d(torch.autograd.Function):
     def forward(ctx, x, weight, bias, conv):  # type: ignore[override]
         (ph, pw), kernel = conv.padding, conv.kernel_size
         b, c, h, w = x.shape
-        xp = F.pad(x, (pw, pw, ph, ph)).contiguous() if (ph or pw) else x.contiguous()
+        xp = _padded(x, ph, pw)
         hp, wp = xp.shape[-2:]
         ho = (hp - conv.dilation[0] * (kernel[0] - 1) - 1) // conv.stride[0] + 1
         wo = (wp - conv.dilation[1] * (kernel[1] - 1) - 1) // conv.stride[1] + 1
         c_out = weight.shape[0]
         t = _conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
-        y = torch.empty((b, c_out, ho, wo), dtype=torch.float32 if bias is not None else x.dtype)
-        _patches_times_weight(xp, weight, t, y)
-        if bias is not None:  # added to the fp32 accumulation, one rounding
-            y = (y + bias.to(torch.float32).view(1, -1, 1, 1)).to(x.dtype)
+        y = torch.empty((b, c_out, ho, wo), dtype=x.dtype)
+        _patches_times_weight(xp, weight, t, y, bias)  # bias added to the fp32 sums
         # x, not its padded copy: the layer before usually keeps x for its own backward, and
         # padding it again there costs one copy
         ctx.save_for_backward(x, weight)
@@ -198,7 +218,7 @@ class _GatherConv2d(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         t, conv = ctx.tables, ctx.conv
         (ph, pw) = conv.padding
-        xp = (F.pad(x, (pw, pw, ph, ph)) if ph or pw else x).contiguous() if ctx.needs_input_grad[1] else None
+        xp = _padded(x, ph, pw) if ctx.needs_input_grad[1] else None
         b, c, h, w, ho, wo = ctx.shape
         length = ho * wo
         g = grad.to(x.dtype).contiguous()
@@ -319,7 +339,7 @@ class _GatherFoldConvTranspose2d(torch.autograd.Function):
         t, conv = ctx.tables, ctx.conv
         (ph, pw) = conv.padding
         g = grad.to(x.dtype).contiguous()
-        gp = (F.pad(g, (pw, pw, ph, ph)) if ph or pw else g).contiguous()
+        gp = _padded(g, ph, pw)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:  # the tree over (C_out, kh, kw), as g's unfolded rows @ W
             gx = torch.empty_like(x)

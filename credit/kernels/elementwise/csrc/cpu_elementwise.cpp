@@ -76,27 +76,32 @@ void det_adamw(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp
   });
 }
 
-torch::Tensor det_square_bins(const torch::Tensor& values) {
-  TORCH_CHECK(values.scalar_type() == torch::kFloat32 && values.is_contiguous(),
-              "det_square_bins takes a contiguous float32 tensor");
-  const int64_t n = values.numel();
-  const float* x = values.data_ptr<float>();
+// Over every element of every tensor of `tensors` (one call for a model's gradients: no
+// result tensor and addition per gradient).
+torch::Tensor det_square_bins(const std::vector<torch::Tensor>& tensors) {
+  for (const auto& values : tensors)
+    TORCH_CHECK(values.scalar_type() == torch::kFloat32 && values.is_contiguous(),
+                "det_square_bins takes contiguous float32 tensors");
   const int threads = at::get_num_threads();
   std::vector<int64_t> partial(static_cast<size_t>(threads) * 3 * 256, 0);
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    int64_t* bins = partial.data() + static_cast<size_t>(at::get_thread_num()) * 3 * 256;
-    for (int64_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, sizeof bits);
-      const uint32_t field = (bits >> 23) & 0xFFu;
-      uint32_t significand = bits & 0x7FFFFFu;
-      if (field > 0) significand |= 0x800000u;
-      const int64_t hi = significand >> 12, lo = significand & 0xFFFu;
-      bins[field] += hi * hi;
-      bins[256 + field] += hi * lo;
-      bins[512 + field] += lo * lo;
-    }
-  });
+  for (const auto& values : tensors) {
+    const int64_t n = values.numel();
+    const float* x = values.data_ptr<float>();
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      int64_t* bins = partial.data() + static_cast<size_t>(at::get_thread_num()) * 3 * 256;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, x + i, sizeof bits);
+        const uint32_t field = (bits >> 23) & 0xFFu;
+        uint32_t significand = bits & 0x7FFFFFu;
+        if (field > 0) significand |= 0x800000u;
+        const int64_t hi = significand >> 12, lo = significand & 0xFFFu;
+        bins[field] += hi * hi;
+        bins[256 + field] += hi * lo;
+        bins[512 + field] += lo * lo;
+      }
+    });
+  }
   auto out = torch::zeros({3, 256}, torch::kInt64);
   int64_t* total = out.data_ptr<int64_t>();
   for (int t = 0; t < threads; ++t)
@@ -108,5 +113,6 @@ torch::Tensor det_square_bins(const torch::Tensor& values) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_adamw", &det_adamw, "ElementwiseAdamW's update in one pass (in place)");
-  m.def("det_square_bins", &det_square_bins, "exact_norm's (3, 256) integer square sums in one pass");
+  m.def("det_square_bins", &det_square_bins,
+        "exact_norm's (3, 256) integer square sums over a list of tensors in one pass each");
 }

@@ -17,17 +17,18 @@ std::vector<int64_t> strided(int64_t n, int64_t stride) {
 template <typename T>
 void dispatch_out(const Gather<T>& a, const Gather<T>& b, at::Tensor& out, const int64_t* orow,
                   const int64_t* ocol, int64_t M, int64_t K, int64_t N, const at::Tensor& merges,
-                  int64_t depth, const float* bias = nullptr) {
+                  int64_t depth, const float* bias = nullptr, const float* row_bias = nullptr) {
   const int32_t* sched = merges.data_ptr<int32_t>();
   switch (out.scalar_type()) {
     case at::kFloat:
-      return gemm<T, float>(a, b, {out.data_ptr<float>(), orow, ocol, bias}, M, K, N, sched, depth);
+      return gemm<T, float>(a, b, {out.data_ptr<float>(), orow, ocol, bias, row_bias}, M, K, N,
+                            sched, depth);
     case at::kBFloat16:
-      return gemm<T, at::BFloat16>(a, b, {out.data_ptr<at::BFloat16>(), orow, ocol, bias}, M, K,
-                                   N, sched, depth);
+      return gemm<T, at::BFloat16>(a, b, {out.data_ptr<at::BFloat16>(), orow, ocol, bias, row_bias},
+                                   M, K, N, sched, depth);
     case at::kHalf:
-      return gemm<T, at::Half>(a, b, {out.data_ptr<at::Half>(), orow, ocol, bias}, M, K, N, sched,
-                               depth);
+      return gemm<T, at::Half>(a, b, {out.data_ptr<at::Half>(), orow, ocol, bias, row_bias}, M, K,
+                               N, sched, depth);
     default: TORCH_CHECK(false, "det_mm cpu: unsupported output dtype ", out.scalar_type());
   }
 }
@@ -140,29 +141,46 @@ void check_tables(const at::Tensor& base, const at::Tensor& row, const at::Tenso
                     t->is_contiguous(),
                 "det_mm_gather cpu: ", what, " tables must be 1-D contiguous int64 CPU tensors");
   if (row.numel() == 0 || col.numel() == 0) return;
-  const int64_t rmin = row.min().item<int64_t>(), cmin = col.min().item<int64_t>();
+  // raw loops: the tables are small, and an ATen reduction per table costs more per call
+  auto range = [](const at::Tensor& t) {
+    const int64_t* d = t.data_ptr<int64_t>();
+    const auto [lo, hi] = std::minmax_element(d, d + t.numel());
+    return std::pair<int64_t, int64_t>{*lo, *hi};
+  };
+  const auto [rmin, rmax] = range(row);
+  const auto [cmin, cmax] = range(col);
   TORCH_CHECK(allow_negative ? (rmin >= -1 && cmin >= -1) : (rmin >= 0 && cmin >= 0),
               "det_mm_gather cpu: ", what, " table entry out of range");
-  TORCH_CHECK(row.max().item<int64_t>() + col.max().item<int64_t>() < base.numel(),
+  TORCH_CHECK(rmax + cmax < base.numel(),
               "det_mm_gather cpu: ", what, " tables address past the end of its base");
 }
 
 // out_base[orow[i] + ocol[j]] = sum_k a_base[arow[i] + acol[k]] * b_base[brow[k] + bcol[j]]
-// with the fixed K tree; a -1 entry in acol, brow or bcol reads as zero.
+// with the fixed K tree; a -1 entry in acol, brow or bcol reads as zero.  `bias` (fp32, one
+// value per output row when bias_on_rows, else per column) is added to the fp32 sums before
+// the one rounding to out's dtype.
 void det_mm_gather(const at::Tensor& a, const at::Tensor& arow, const at::Tensor& acol,
                    const at::Tensor& b, const at::Tensor& brow, const at::Tensor& bcol,
                    at::Tensor& out, const at::Tensor& orow, const at::Tensor& ocol,
-                   const at::Tensor& merges, int64_t depth) {
+                   const at::Tensor& merges, int64_t depth, const c10::optional<at::Tensor>& bias,
+                   bool bias_on_rows) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "det_mm_gather cpu: dtype mismatch");
   TORCH_CHECK(acol.numel() == brow.numel() && arow.numel() == orow.numel() &&
                   bcol.numel() == ocol.numel(),
               "det_mm_gather cpu: table lengths do not form (M, K) @ (K, N) -> (M, N)");
   check_tables(a, arow, acol, true, "a");
-  TORCH_CHECK(arow.numel() == 0 || arow.min().item<int64_t>() >= 0,
+  TORCH_CHECK(arow.numel() == 0 || *std::min_element(arow.data_ptr<int64_t>(),
+                                                      arow.data_ptr<int64_t>() + arow.numel()) >= 0,
               "det_mm_gather cpu: a's row table must be non-negative");
   check_tables(b, brow, bcol, true, "b");
   check_tables(out, orow, ocol, false, "out");
   const int64_t M = arow.numel(), K = acol.numel(), N = bcol.numel();
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
+                    bias->size(0) == (bias_on_rows ? M : N) && bias->device().is_cpu(),
+                "det_mm_gather cpu: bias must be a contiguous fp32 CPU vector of one value per ",
+                bias_on_rows ? "row" : "column");
+  const float* bias_ptr = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (M == 0 || N == 0) return;
   check_schedule(merges, K, "det_mm_gather cpu");
   auto run = [&](auto tag) {
@@ -170,7 +188,7 @@ void det_mm_gather(const at::Tensor& a, const at::Tensor& arow, const at::Tensor
     const Gather<T> ga{a.data_ptr<T>(), arow.data_ptr<int64_t>(), acol.data_ptr<int64_t>()};
     const Gather<T> gb{b.data_ptr<T>(), brow.data_ptr<int64_t>(), bcol.data_ptr<int64_t>()};
     dispatch_out<T>(ga, gb, out, orow.data_ptr<int64_t>(), ocol.data_ptr<int64_t>(), M, K, N,
-                    merges, depth);
+                    merges, depth, bias_on_rows ? nullptr : bias_ptr, bias_on_rows ? bias_ptr : nullptr);
   };
   switch (a.scalar_type()) {
     case at::kFloat: return run(float{});
@@ -230,7 +248,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_mm", &det_mm, "deterministic fp32-accumulating GEMM (fills out)", py::arg("a"),
         py::arg("b"), py::arg("merges"), py::arg("depth"), py::arg("out"),
         py::arg("bias") = py::none(), py::arg("k_groups") = 1);
-  m.def("det_mm_gather", &det_mm_gather, "the GEMM over offset-table operands (fills out)");
+  m.def("det_mm_gather", &det_mm_gather, "the GEMM over offset-table operands (fills out)",
+        py::arg("a"), py::arg("arow"), py::arg("acol"), py::arg("b"), py::arg("brow"),
+        py::arg("bcol"), py::arg("out"), py::arg("orow"), py::arg("ocol"), py::arg("merges"),
+        py::arg("depth"), py::arg("bias") = py::none(), py::arg("bias_on_rows") = false);
   m.def("det_colsum", &det_colsum, "column sums with the row tree (fills out)");
   m.def("det_channel_sums", &det_channel_sums, "NCHW per-channel sums with the row tree (fills out)");
   m.def("det_affine_grads", &det_affine_grads,

@@ -90,14 +90,15 @@ struct Gather {
 };
 
 // Where results go: (i, j) -> base[row[i] + col[j]] (entries >= 0, distinct).
-// bias (fp32, per column j, or nullptr) is added to the fp32 sum before the one
-// rounding to O.
+// bias (fp32, per column j, or nullptr) and row_bias (fp32, per row i, or nullptr) are added
+// to the fp32 sum before the one rounding to O.
 template <typename O>
 struct Scatter {
   O* base;
   const int64_t* row;
   const int64_t* col;
   const float* bias = nullptr;
+  const float* row_bias = nullptr;
 };
 
 // The merge schedule of T(n) (see _tree.py): merges[i] additions after leaf i.
