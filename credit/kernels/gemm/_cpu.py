@@ -159,6 +159,16 @@ def channel_sums(g: torch.Tensor, times: torch.Tensor | None = None) -> torch.Te
     return out
 
 
+def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x * weight + bias``'s bits (the product rounded, then the sum) for fp32 rows ``x``
+    (M, N) and ``weight``, ``bias`` (N,), in one pass."""
+    mod = load()
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    mod.det_affine(x, weight.contiguous(), bias.contiguous(), y)
+    return y
+
+
 def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                  groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(g * weight, colsum(g, groups, times=x), colsum(g, groups)) of fp32 rows ``g``, ``x``

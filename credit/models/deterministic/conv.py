@@ -59,23 +59,28 @@ def _conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
 
 
 _PADDED: dict[tuple, torch.Tensor] = {}
-_PADDED_KEPT = 16  # padded shapes kept (a model's convolutions use a few)
+_PADDED_KEPT_BYTES = 32 << 20  # padded buffers kept, in all (a model's convolutions use a few shapes)
 
 
 def _padded(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
     """NCHW `x` zero-padded by (ph, pw), in a buffer kept per shape: its border is written once
     and stays zero, so a call copies only the interior (a fresh padded tensor cost a page
     fault per page, more than the copy: 0.4 ms a call inside a train step). Valid until the
-    next call with the same shape: callers read it within one GEMM and never keep it."""
+    next call with the same shape: callers read it within one GEMM and never keep it. Kept
+    up to 32 MiB in all (the oldest shapes dropped first), so large grids do not hold their
+    pads through the step's peak."""
     if not (ph or pw):
         return x.contiguous()
     b, c, h, w = x.shape
     key = (b, c, h, w, ph, pw, x.dtype)
     buffer = _PADDED.get(key)
     if buffer is None:
-        if len(_PADDED) >= _PADDED_KEPT:
+        buffer = x.new_zeros((b, c, h + 2 * ph, w + 2 * pw))
+        size = buffer.numel() * buffer.element_size()
+        while _PADDED and size + sum(t.numel() * t.element_size() for t in _PADDED.values()) > _PADDED_KEPT_BYTES:
             _PADDED.pop(next(iter(_PADDED)))
-        buffer = _PADDED[key] = x.new_zeros((b, c, h + 2 * ph, w + 2 * pw))
+        if size <= _PADDED_KEPT_BYTES:
+            _PADDED[key] = buffer
     buffer[:, :, ph:ph + h, pw:pw + w].copy_(x)
     return buffer
 

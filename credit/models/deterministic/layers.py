@@ -106,6 +106,17 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
         return y.permute(0, 3, 1, 2).contiguous()
 
 
+def _plain_cpu_fp32(*tensors: torch.Tensor | None) -> bool:
+    """Every tensor given, plain (not a DTensor), fp32 and on the CPU, with the CPU kernel built."""
+    from torch.distributed.tensor import DTensor
+
+    from credit.kernels.gemm import _cpu
+
+    return (all(t is not None and not isinstance(t, DTensor) and t.device.type == "cpu"
+                and t.dtype == torch.float32 for t in tensors)
+            and _cpu.unavailable_reason() is None)
+
+
 class _ChannelAffine(torch.autograd.Function):
     """`x * weight + bias` over the last dim; weight/bias gradients by the row tree."""
 
@@ -113,6 +124,11 @@ class _ChannelAffine(torch.autograd.Function):
     def forward(ctx, x, weight, bias, groups, sequence_group):  # type: ignore[override]
         ctx.save_for_backward(x if weight is not None else None, weight)  # a bias alone needs no x
         ctx.groups, ctx.has_bias, ctx.sequence_group = groups, bias is not None, sequence_group
+        if _plain_cpu_fp32(x, weight, bias) and x.is_contiguous() and x.dim() >= 2:
+            from credit.kernels.gemm import _cpu
+
+            # the bits of the two ops below in one pass (torch broadcasts a short C slowly)
+            return _cpu.affine(x.view(-1, x.shape[-1]), weight, bias).view(x.shape)
         y = x * weight if weight is not None else x
         return y + bias if bias is not None else y
 
@@ -168,11 +184,27 @@ def channel_affine(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
     return _ChannelAffine.apply(x, weight, bias, x.shape[0], sequence_group)
 
 
+_UNIT_AFFINE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _unit_affine(shape: tuple[int, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ones and zeros of `shape`: torch's CPU layer norm with them takes its faster affine loop
+    (0.29 ms vs 0.46 for 8192 x 32) and gives the bits of none (checked: output and dx)."""
+    key = (shape, x.dtype, x.device)
+    if key not in _UNIT_AFFINE:
+        _UNIT_AFFINE[key] = (torch.ones(shape, dtype=x.dtype, device=x.device),
+                             torch.zeros(shape, dtype=x.dtype, device=x.device))
+    return _UNIT_AFFINE[key]
+
+
 class DetLayerNorm(nn.LayerNorm):
     """`nn.LayerNorm` over the last dim: torch's per-row normalisation, tree affine gradients."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        from torch.distributed.tensor import DTensor
+
+        ones, zeros = (None, None) if isinstance(x, DTensor) else _unit_affine(tuple(self.normalized_shape), x)
+        normed = F.layer_norm(x, self.normalized_shape, ones, zeros, self.eps)
         return channel_affine(normed, self.weight, self.bias)
 
 

@@ -256,6 +256,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_channel_sums", &det_channel_sums, "NCHW per-channel sums with the row tree (fills out)");
   m.def("det_affine_grads", &det_affine_grads,
         "a channels-last affine's input, weight and bias gradients in one pass (fills outs)");
+  m.def("det_affine", &det_affine, "x * w + b over channels-last rows, two roundings (fills y)");
   m.def("det_planar_affine_grads", &det_planar_affine_grads,
         "an NCHW per-channel affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");

@@ -1,5 +1,6 @@
 // The row tree's sums over fp32 rows, at memory speed (cpu_row_sums.h): the column sums a
-// bias or affine weight gradient needs, and an affine's three gradients in one pass.
+// bias or affine weight gradient needs, an affine's three gradients in one pass, and the
+// affine itself.
 #include "cpu_row_sums.h"
 
 #include "cpu_gemm_kernel.h"
@@ -301,6 +302,33 @@ void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at:
       }
       gwd[c] = tree(leaves_w.data(), stack.data());
       gbd[c] = tree(leaves_b.data(), stack.data());
+    }
+  });
+}
+
+// y = x * w + b over channels-last rows (x, y: M x N fp32, contiguous; w, b: N): the
+// product rounded, then the sum rounded, as torch's `x * w + b` rounds them, in one pass
+// (torch broadcasts a short last dimension slowly: 1.1 ms for 8192 x 32 here, 0.05 in one loop).
+void det_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y) {
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &y})
+    TORCH_CHECK(t->dim() == 2 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                    t->device().is_cpu() && t->sizes() == x.sizes(),
+                "det_affine cpu: x and y must be contiguous fp32 CPU tensors (M, N)");
+  const int64_t M = x.size(0), N = x.size(1);
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&w, &b})
+    TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                    t->size(0) == N,
+                "det_affine cpu: w and b must be contiguous fp32 vectors of N values");
+  const float *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>(), *bd = b.data_ptr<float>();
+  float* yd = y.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* p = xd + i * N;
+      float* o = yd + i * N;
+      for (int64_t j = 0; j < N; ++j) {
+        const float t = p[j] * wd[j];
+        o[j] = t + bd[j];
+      }
     }
   });
 }
