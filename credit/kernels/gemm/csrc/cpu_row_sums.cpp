@@ -7,6 +7,22 @@
 
 using namespace credit_gemm;
 
+namespace {
+
+// Rows per group and leaves per group of M rows in `groups` equal groups, each padded to whole
+// leaves, checked against the merge schedule's leaf count.
+std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::Tensor& merges,
+                                           const char* op) {
+  TORCH_CHECK(groups >= 1 && M % groups == 0, op, ": ", groups, " groups do not divide ", M, " rows");
+  const int64_t rows = M / groups, per_group = (rows + kLeaf - 1) / kLeaf;
+  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
+                  merges.numel() == groups * per_group && per_group > 0,
+              op, ": merge schedule does not match the row count");
+  return {rows, per_group};
+}
+
+}  // namespace
+
 // Column sums of fp32 g (M x N, unit column stride) with the row tree: the
 // arithmetic of ones(1, M') @ g' through det_mm, where g' holds g's rows as
 // `groups` equal groups, each zero-padded to whole leaves (pad_row_groups in
@@ -31,13 +47,10 @@ void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t
                 "det_colsum cpu: x must be an fp32 CPU tensor of g's shape, unit column stride");
   const float* xd = x.has_value() ? x->data_ptr<float>() : nullptr;
   const int64_t xm = x.has_value() ? x->stride(0) : 0;
-  TORCH_CHECK(groups >= 1 && M % groups == 0, "det_colsum cpu: ", groups,
-              " groups do not divide ", M, " rows");
-  const int64_t rows = M / groups, per_group = (rows + kLeaf - 1) / kLeaf;
+  // plain variables, not a structured binding: the lambdas below capture them (C++17)
+  const std::pair<int64_t, int64_t> shape = grouped_leaves(M, groups, merges, "det_colsum cpu");
+  const int64_t rows = shape.first, per_group = shape.second;
   const int64_t nleaves = groups * per_group;
-  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
-                  merges.numel() == nleaves && nleaves > 0,
-              "det_colsum cpu: merge schedule does not match the row count");
   const float* gd = g.data_ptr<float>();
   const int32_t* sched = merges.data_ptr<int32_t>();
   float* od = out.data_ptr<float>();
@@ -163,13 +176,10 @@ void det_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor
     TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
                     t->size(0) == N,
                 "det_affine_grads cpu: w, gw and gb must be contiguous fp32 vectors of N values");
-  TORCH_CHECK(groups >= 1 && M % groups == 0, "det_affine_grads cpu: ", groups,
-              " groups do not divide ", M, " rows");
-  const int64_t rows = M / groups, per_group = (rows + kLeaf - 1) / kLeaf;
+  // plain variables, not a structured binding: the lambdas below capture them (C++17)
+  const std::pair<int64_t, int64_t> shape = grouped_leaves(M, groups, merges, "det_affine_grads cpu");
+  const int64_t rows = shape.first, per_group = shape.second;
   const int64_t nleaves = groups * per_group;
-  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
-                  merges.numel() == nleaves && nleaves > 0,
-              "det_affine_grads cpu: merge schedule does not match the row count");
   const float *gd = g.data_ptr<float>(), *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>();
   float *gxd = gx.data_ptr<float>(), *gwd = gw.data_ptr<float>(), *gbd = gb.data_ptr<float>();
   const int32_t* sched = merges.data_ptr<int32_t>();
