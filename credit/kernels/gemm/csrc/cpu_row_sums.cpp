@@ -21,6 +21,18 @@ std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::
   return {rows, per_group};
 }
 
+// The tree over n scalar leaf sums by the merge schedule: the stack top is the left operand.
+float leaf_tree(const float* leaves, int64_t n, const int32_t* sched, float* stack) {
+  int64_t top = 0;
+  float acc = 0.0f;
+  for (int64_t leaf = 0; leaf < n; ++leaf) {
+    acc = leaves[leaf];
+    for (int32_t m = sched[leaf]; m > 0; --m) acc = stack[--top] + acc;
+    if (leaf + 1 < n) stack[top++] = acc;
+  }
+  return acc;
+}
+
 }  // namespace
 
 // Column sums of fp32 g (M x N, unit column stride) with the row tree: the
@@ -147,14 +159,7 @@ void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
           }
         }
       }
-      int64_t top = 0;
-      float acc = 0.0f;
-      for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-        acc = leaves[leaf];
-        for (int32_t m = sched[leaf]; m > 0; --m) acc = stack[--top] + acc;
-        if (leaf + 1 < nleaves) stack[top++] = acc;
-      }
-      od[c] = acc;
+      od[c] = leaf_tree(leaves.data(), nleaves, sched, stack.data());
     }
   });
 }
@@ -277,16 +282,6 @@ void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at:
   const float *gd = g.data_ptr<float>(), *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>();
   float *gxd = gx.data_ptr<float>(), *gwd = gw.data_ptr<float>(), *gbd = gb.data_ptr<float>();
   const int32_t* sched = merges.data_ptr<int32_t>();
-  auto tree = [&](const float* leaves, float* stack) {
-    int64_t top = 0;
-    float acc = 0.0f;
-    for (int64_t leaf = 0; leaf < nleaves; ++leaf) {
-      acc = leaves[leaf];
-      for (int32_t m = sched[leaf]; m > 0; --m) acc = stack[--top] + acc;
-      if (leaf + 1 < nleaves) stack[top++] = acc;
-    }
-    return acc;
-  };
   at::parallel_for(0, C, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> leaves_w(static_cast<size_t>(nleaves)), leaves_b(static_cast<size_t>(nleaves));
     std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1)));
@@ -310,8 +305,8 @@ void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at:
           }
         }
       }
-      gwd[c] = tree(leaves_w.data(), stack.data());
-      gbd[c] = tree(leaves_b.data(), stack.data());
+      gwd[c] = leaf_tree(leaves_w.data(), nleaves, sched, stack.data());
+      gbd[c] = leaf_tree(leaves_b.data(), nleaves, sched, stack.data());
     }
   });
 }
