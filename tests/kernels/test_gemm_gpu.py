@@ -97,13 +97,14 @@ def test_device_mismatch_cpu_and_cuda():
 
 
 TRITON_SIGNATURE = {
-    "M": "i32", "N": "i32", "s_am": "i32", "s_ak": "constexpr", "s_bk": "i32",
-    "s_bn": "constexpr", "s_cm": "i32", "s_cn": "constexpr", "K": "constexpr",
-    "N_LEAVES": "constexpr", "DEPTH": "constexpr", "BM": "constexpr", "BN": "constexpr",
-    "LEAF": "constexpr", "GROUP": "constexpr", "STAGES": "constexpr", "INTERPRET": "constexpr",
+    "M": "i32", "N": "i32", "K": "i32", "n_leaves": "i32", "s_am": "i32", "s_ak": "constexpr",
+    "s_bk": "i32", "s_bn": "constexpr", "s_cm": "i32", "s_cn": "constexpr", "s_cz": "i32",
+    "SPLIT": "constexpr", "DEPTH": "constexpr", "EVEN_K": "constexpr", "BM": "constexpr",
+    "BN": "constexpr", "LEAF": "constexpr", "GROUP": "constexpr", "STAGES": "constexpr",
+    "INTERPRET": "constexpr",
 }
 # what a launch on contiguous, 16-aligned operands specializes: unit strides, aligned rest
-ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "s_am", "s_bk", "s_cm")
+ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "s_am", "s_bk", "s_cm", "s_cz")
 
 
 def _ptxas_report(ptx: str, cc: int, tmp_path) -> str:
@@ -122,29 +123,30 @@ def _ptxas_report(ptx: str, cc: int, tmp_path) -> str:
 def test_triton_kernel_compiles_for_sm80_and_sm90(dtype, tmp_path):
     """Ahead-of-time compile of the GPU (non-interpreted) kernel, as a launch on aligned
     operands specializes it: tensor-core leaves for bf16/fp16, a software-pipelined K loop
-    (cp.async), and the tallest tree one launch takes (`max_depth`) held in registers with
-    no spills; a short K with a padded last leaf compiles too."""
+    (cp.async), and the tallest tree and subtree a program takes (`max_depth`) held in
+    registers with no spills; a short K with a padded last leaf compiles too."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from credit.kernels.gemm import _triton_kernel as tk
-    from credit.kernels.gemm._triton import tree_depth
-
     if type(tk.det_mm_kernel).__name__ == "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET=1 is set in this process")
     torch_name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
     bm, bn, warps, stages = tk.TILES[torch_name]
     fn = tk.det_mm_kernel
     sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", **TRITON_SIGNATURE}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED}
     for cc in (80, 90):
-        tallest = 32 << tk.max_depth(torch_name, cc // 10)
-        for k in (tallest, 100):
-            n = -(-k // 32)
-            consts = {"s_ak": 1, "s_bn": 1, "s_cn": 1, "K": k, "N_LEAVES": n,
-                      "DEPTH": tree_depth(n), "BM": bm, "BN": bn, "LEAF": 32, "GROUP": tk.GROUP_M,
+        whole, subtree = (tk.max_depth(torch_name, cc // 10, split) for split in (False, True))
+        # (DEPTH, K a whole number of leaves, SPLIT): the tallest tree one launch holds,
+        # a short K with a padded last leaf, and the tallest subtree of a launch split in 8
+        for depth, even_k, split in ((whole, True, 0), (2, False, 0), (subtree, True, 3)):
+            aligned = [name for name in ALIGNED if even_k or name != "K"]
+            attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+            consts = {"s_ak": 1, "s_bn": 1, "s_cn": 1, "SPLIT": split, "DEPTH": depth,
+                      "EVEN_K": even_k, "BM": bm, "BN": bn, "LEAF": 32, "GROUP": tk.GROUP_M,
                       "STAGES": stages, "INTERPRET": False}
+            k = f"depth {depth}, split {split}, even K {even_k}"
             kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                                     target=GPUTarget("cuda", cc, 32),
                                     options={"num_warps": warps, "num_stages": stages,
@@ -152,11 +154,11 @@ def test_triton_kernel_compiles_for_sm80_and_sm90(dtype, tmp_path):
             ptx = kernel.asm["ptx"]
             assert kernel.asm.get("cubin"), f"no cubin for sm_{cc}"
             assert f".target sm_{cc}" in ptx
-            assert "cp.async" in ptx, f"sm_{cc} K={k}: the K loop is not pipelined"
+            assert "cp.async" in ptx, f"sm_{cc} {k}: the K loop is not pipelined"
             if dtype != "fp32":
                 instruction = "wgmma.mma_async" if cc >= 90 else "mma.sync"
                 assert instruction in ptx, f"sm_{cc}: no {instruction} in the {dtype} kernel"
             report = _ptxas_report(ptx, cc, tmp_path)
             assert "Used" in report and "registers" in report, report
-            if k == tallest:  # the register budget: the tallest tree must not spill
-                assert "0 bytes spill stores" in report, f"sm_{cc} K={k}: {report}"
+            if depth in (whole, subtree) and even_k:  # the register budget: no spills
+                assert "0 bytes spill stores" in report, f"sm_{cc} {k}: {report}"

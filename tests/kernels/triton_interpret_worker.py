@@ -41,13 +41,38 @@ def tall_tree() -> None:
     a = C.rand(40, 11 * 32 - 5, dtype=BF16, device=D, seed=92)
     b = C.rand(11 * 32 - 5, 24, dtype=BF16, device=D, seed=93)
     whole = det_mm(a, b, backend=B, out_dtype=F32)
-    saved, tk.max_depth = tk.max_depth, lambda dtype, major: 1
+    saved, tk.max_depth = tk.max_depth, lambda dtype, major, split=False: 1
     try:
         split = det_mm(a, b, backend=B, out_dtype=F32)
     finally:
         tk.max_depth = saved
     C.same(split, whole, "host-split tree")
     C.check_tree_order(B, D, BF16, 40, 11 * 32 - 5, 24)
+
+
+def occupancy_split() -> None:
+    """A launch split into subtrees for occupancy (forced here: the interpreter never asks
+    for it) gives the whole tree's bits: K = 37 leaves with a padded last one, split at two
+    levels (subtrees of 10, 9, 9, 9 leaves), with one-leaf subtrees allowed at five, and with
+    the subtree sums' buffer too small for any split, halved on the host down to 31 leaves;
+    rounded once to bfloat16 and kept in fp32."""
+    from credit.kernels.gemm import _triton
+
+    k = 37 * 32 - 5
+    for dtype, out in ((F32, F32), (BF16, BF16), (BF16, F32)):
+        a = C.rand(70, k, dtype=dtype, device=D, seed=94)
+        b = C.rand(k, 40, dtype=dtype, device=D, seed=95)
+        whole = det_mm(a, b, backend=B, out_dtype=out)
+        saved = _triton._programs_wanted, _triton.MIN_SUBTREE_LEAVES, _triton.PARTIALS_BYTES
+        try:
+            _triton._programs_wanted = lambda device: 1 << 20
+            for min_leaves, levels, partials in ((8, 2, 1 << 20), (1, 5, 1 << 20), (8, 2, 1)):
+                _triton.MIN_SUBTREE_LEAVES, _triton.PARTIALS_BYTES = min_leaves, partials
+                assert _triton.split_levels(37, 2, (7, 7), 1 << 20) == levels
+                C.same(det_mm(a, b, backend=B, out_dtype=out), whole,
+                       f"{levels}-level split, {partials}-byte partials")
+        finally:
+            _triton._programs_wanted, _triton.MIN_SUBTREE_LEAVES, _triton.PARTIALS_BYTES = saved
 
 
 CHECKS = {
@@ -70,6 +95,7 @@ CHECKS = {
     "run_to_run_bf16": lambda: C.check_run_to_run(B, D, BF16, 70, 64, 40),
     "tree_order_f32": lambda: C.check_tree_order(B, D, F32, 33, 13 * 32, 70),
     "tall_tree_bf16": tall_tree,
+    "occupancy_split": occupancy_split,
 }
 
 

@@ -7,6 +7,7 @@ kernel on CPU tensors (slow; used by the test suite on machines without GPU).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -56,8 +57,8 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
     # GPU's cvt.rn); there the kernel writes fp32 and torch performs the single rounding.
     kernel_out = torch.float32 if interpreted else out_dtype
     major = torch.cuda.get_device_capability(a.device)[0] if a.device.type == "cuda" else 9
-    limit = tk.max_depth(_dtype_name(a.dtype), major)
-    return _tree_mm(a, b, kernel_out, tk, limit).to(out_dtype)
+    limits = tuple(tk.max_depth(_dtype_name(a.dtype), major, split) for split in (False, True))
+    return _tree_mm(a, b, kernel_out, tk, limits).to(out_dtype)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -69,34 +70,72 @@ def tree_depth(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def _tree_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk, limit: int
-             ) -> torch.Tensor:
-    K = a.shape[1]
-    n = num_leaves(K)
-    if tree_depth(n) > limit:
-        # The top of a tall tree: T(n) = T(ceil(n/2)) + T(floor(n/2)), each half exactly
-        # the subtree over its leaves, added once in fp32 (no rounding in between).
-        split = -(-n // 2) * LEAF
-        left = _tree_mm(a[:, :split], b[:split], torch.float32, tk, limit)
-        right = _tree_mm(a[:, split:], b[split:], torch.float32, tk, limit)
-        return (left + right).to(out_dtype)
-    return _launch(a, b, out_dtype, tk)
+MIN_SUBTREE_LEAVES = 8
+"""Leaves a program of a split launch runs at least (a shorter one is mostly prologue)."""
+MAX_SPLIT = 8
+"""Tree levels a launch splits for occupancy at most (2**8 partial outputs)."""
+PARTIALS_BYTES = 64 << 20
+"""Largest buffer of subtree sums a launch writes; a taller split halves K on the host first."""
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk) -> torch.Tensor:
+@functools.lru_cache(maxsize=8)
+def _programs_wanted(device: torch.device) -> int:
+    """Programs a launch should have to keep the device busy: two per SM (a 64 x 64 tile
+    over 8 warps), or 1 where there is no SM count (the interpreter: never split for it)."""
+    if device.type != "cuda":
+        return 1
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_levels(n: int, tiles: int, depth_limits: tuple[int, int], programs: int) -> int:
+    """Levels of T(n) to run as separate subtrees: enough that the tallest subtree fits the
+    kernel's registers (`depth_limits`: the levels a program holds of a whole tree, of a
+    subtree; see `max_depth`), then more while the launch has fewer than
+    `programs` programs (tiles x subtrees) and each subtree keeps MIN_SUBTREE_LEAVES
+    leaves: a weight gradient's long K over few output tiles (K = 320000 rows into a
+    128 x 128 dW is 4 tiles) would otherwise run on 4 of the GPU's SMs. The bits do not
+    depend on it: every split is of the same tree."""
+    whole, subtree = depth_limits
+    levels = 0
+    if tree_depth(n) > whole:
+        levels = 1
+        while tree_depth(-(-n // (1 << levels))) > subtree:
+            levels += 1
+    while (tiles << levels) < programs and levels < MAX_SPLIT \
+            and n >> (levels + 1) >= MIN_SUBTREE_LEAVES:
+        levels += 1
+    return levels
+
+
+def _tree_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk,
+             limits: tuple[int, int]) -> torch.Tensor:
     M, K = a.shape
     N = b.shape[1]
-    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    if M == 0 or N == 0:
-        return out
     n = num_leaves(K)
     bm, bn, warps, stages = tk.TILES[_dtype_name(a.dtype)]
-    grid = (-(-M // bm) * -(-N // bn),)
-    tk.det_mm_kernel[grid](
-        a, b, out, M, N,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        K=K, N_LEAVES=n, DEPTH=tree_depth(n), BM=bm, BN=bn, LEAF=LEAF, GROUP=tk.GROUP_M,
-        STAGES=stages, INTERPRET=_kernel_is_interpreted(), num_warps=warps,
+    tiles = -(-M // bm) * -(-N // bn)
+    levels = split_levels(n, tiles, limits, _programs_wanted(a.device))
+    if levels > 1 and (M * N * 4 << levels) > PARTIALS_BYTES:
+        # a tall tree over a large output: T(n) = T(ceil(n/2)) + T(floor(n/2)) on the host,
+        # each half exactly the subtree over its leaves, so two smaller buffers at a time
+        split = -(-n // 2) * LEAF
+        left = _tree_mm(a[:, :split], b[:split], torch.float32, tk, limits)
+        right = _tree_mm(a[:, split:], b[split:], torch.float32, tk, limits)
+        return (left + right).to(out_dtype)
+    # a split launch: each subtree's fp32 sum in its own slice, then the tree's top levels
+    # added left + right in fp32, T(n) = T(ceil(n/2)) + T(floor(n/2)) (no rounding between)
+    out = torch.empty((1 << levels, M, N), dtype=out_dtype if levels == 0 else torch.float32,
+                      device=a.device)
+    depth = tree_depth(-(-n // (1 << levels)))
+    tk.det_mm_kernel[(tiles, 1 << levels)](
+        a, b, out, M, N, K, n,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(1), out.stride(2),
+        out.stride(0),
+        SPLIT=levels, DEPTH=depth, EVEN_K=K % LEAF == 0, BM=bm, BN=bn, LEAF=LEAF,
+        GROUP=tk.GROUP_M, STAGES=stages, INTERPRET=_kernel_is_interpreted(), num_warps=warps,
         enable_fp_fusion=False,  # no mul+add contraction outside the leaf dot
     )
-    return out
+    while out.shape[0] > 1:  # node z's children are 2z (left) and 2z + 1 (right)
+        pairs = out.view(out.shape[0] // 2, 2, M, N)
+        out = pairs[:, 0] + pairs[:, 1]
+    return out[0].to(out_dtype)
