@@ -14,7 +14,8 @@ processes: memory is not noisy, and one process cannot separate two models' peak
 
 `--profile N` adds N more steps per mode (interleaved, after the timed ones) under
 torch.profiler and a table of where each mode's time goes, by operation family
-(`op_families.py`; rank 0's events; CPU time, so `--device cpu` only). The profiler's
+(`op_families.py`; rank 0's events): self CPU time, and on `--device cuda` a second
+table of kernel time (a GPU step can be bound by either side). The profiler's
 per-op overhead inflates families of many small ops: read the table's differences, not its
 totals, against the unprofiled step times above it.
 
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", help="model=NAME to time (default: the default experiment's)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="N profiled steps per mode: time per operation family (cpu)")
+                        help="N profiled steps per mode: time per operation family")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", choices=["compare", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -176,8 +177,6 @@ def main() -> None:
     overrides = [*overrides, f"trainer.device={args.device}", *([f"model={args.model}"] if args.model else []),
                  *args.overrides]
     model_args = ["--model", args.model] if args.model else []
-    if args.profile and args.device != "cpu":
-        parser.error("--profile measures CPU time: use it with --device cpu")
     if args.worker == "compare":
         return compare(overrides, args.steps, args.result, args.device, args.profile)
     if args.worker == "memory":
@@ -223,11 +222,13 @@ def main() -> None:
     if args.profile:
         from op_families import merge, table
 
-        lines += ["", f"## Where the time goes: median of {args.profile} profiled steps per mode, rank 0, "
-                      "self CPU time by operation family", "",
-                  *table(merge(data["families"]["deterministic"]), merge(data["families"]["fast"])), "",
-                  "Forward work counts for the innermost family range it ran in, backward work for the family "
-                  "of the forward op that created its autograd node (benchmarks/op_families.py)."]
+        clocks = {"host": "self CPU time", "device": "GPU kernel time"}
+        for clock in [c for c in clocks if c in data["families"]["deterministic"][0]]:
+            det_runs, fast_runs = ([run[clock] for run in data["families"][m]] for m in ("deterministic", "fast"))
+            lines += ["", f"## Where the time goes: median of {args.profile} profiled steps per mode, rank 0, "
+                          f"{clocks[clock]} by operation family", "", *table(merge(det_runs), merge(fast_runs))]
+        lines += ["", "Forward work counts for the innermost family range it ran in, backward work for the family "
+                      "of the forward op that created its autograd node (benchmarks/op_families.py)."]
     report(lines, args.out)
 
 

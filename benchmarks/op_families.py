@@ -1,4 +1,4 @@
-"""Where a train step's time goes, by operation family, from torch.profiler's CPU events.
+"""Where a train step's time goes, by operation family, from torch.profiler's events.
 
 Forward: each op counts for the innermost family range it runs in. The ranges are opened
 around the model's modules by class (Linear: projections, Conv: convolutions, norms,
@@ -7,7 +7,11 @@ weight normalisation, around the loss and around the optimizer update (which inc
 gradient clipping). Backward: an autograd node's work counts for the family of the forward
 op that created it (the profiler gives both the same sequence number). Collectives count as
 collectives wherever they run; the data loader's work as data loading. What is in no range
-is "the rest". Times are self CPU time (each op's own, not its callees').
+is "the rest". Host times are self CPU time (each op's own, not its callees'). On a GPU,
+device times are the kernels' time, each kernel counted for the family of the op (or
+range) that launched it; kernels the profiler links to no CPU event (it links kernels
+through the launch's correlation id) are a row of their own, so the rows add up to every
+kernel's time.
 
 Hand-written: torch.profiler groups by op name or by the stack of Python frames, not by the
 kind of layer an op serves.
@@ -22,12 +26,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.autograd.profiler import record_function
 
 PREFIX = "family::"
 FAMILIES = ("projections", "convolutions", "resizes and pixel shuffles", "position bias", "attention (rest)",
             "norms", "spectral norm", "dropout masks", "loss", "optimizer and clipping", "collectives",
             "data loading", "the rest")
+UNLINKED = "kernels linked to no op"
+"""The device table's extra row (see the module docstring)."""
 _COLLECTIVE_NAMES = ("c10d", "gloo", "nccl", "all_reduce", "allreduce", "all_gather", "allgather",
                      "reduce_scatter", "broadcast", "_tree_reduce")
 
@@ -121,8 +128,9 @@ def _range_family(event) -> str | None:
     return None
 
 
-def family_times(events) -> dict[str, float]:
-    """Self CPU milliseconds per family over a profiler's `events()`."""
+def family_times(events, clock: str = "host") -> dict[str, float]:
+    """Milliseconds per family over a profiler's `events()`: self CPU time (`clock` "host"),
+    or the kernel time of the ops' launches ("device", with the UNLINKED row)."""
     by_sequence: dict[int, str] = {}
     for event in events:  # forward ops that create autograd nodes carry the node's sequence number
         if event.sequence_nr >= 0 and not event.name.startswith("autograd::engine"):
@@ -130,11 +138,25 @@ def family_times(events) -> dict[str, float]:
             if family is not None:
                 by_sequence.setdefault(event.sequence_nr, family)
     totals: dict[str, float] = defaultdict(float)
+    device_total = 0.0
     for event in events:
-        if event.name.startswith(PREFIX):
+        on_host = event.device_type == DeviceType.CPU
+        if clock == "device" and not on_host:  # a kernel, memcpy or memset itself
+            device_total += event.self_device_time_total / 1e3
             continue
-        totals[_classify(event, by_sequence)] += event.self_cpu_time_total / 1e3
-    return {family: totals.get(family, 0.0) for family in FAMILIES}
+        if event.name.startswith(PREFIX) and clock == "host":
+            continue
+        if not on_host:
+            continue
+        spent = event.self_cpu_time_total if clock == "host" else event.self_device_time_total
+        if spent:  # ranges launch kernels too (a Triton launch is no aten op)
+            family = _range_family(event) if event.name.startswith(PREFIX) else _classify(event, by_sequence)
+            totals[family] += spent / 1e3
+    if clock == "host":
+        return {family: totals.get(family, 0.0) for family in FAMILIES}
+    times = {family: totals.get(family, 0.0) for family in FAMILIES}
+    times[UNLINKED] = max(0.0, device_total - sum(times.values()))
+    return times
 
 
 def _classify(event, by_sequence: dict[int, str]) -> str:
@@ -153,20 +175,26 @@ def _classify(event, by_sequence: dict[int, str]) -> str:
     return family if family is not None else "the rest"
 
 
-def profile_step(trainer, batches) -> dict[str, float]:
-    """One train step of `trainer` under the profiler: milliseconds per family."""
+def profile_step(trainer, batches) -> dict[str, dict[str, float]]:
+    """One train step of `trainer` under the profiler: milliseconds per family, "host" (self
+    CPU time) and, on a GPU, "device" (kernel time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with family_ranges(trainer), profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = trainer.runtime.device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with family_ranges(trainer), profile(activities=activities) as prof:
         trainer.train_step(batches)
-    return family_times(prof.events())
+        if cuda:
+            torch.cuda.synchronize(trainer.runtime.device)
+    events = prof.events()
+    return {"host": family_times(events), **({"device": family_times(events, "device")} if cuda else {})}
 
 
 def merge(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Per family, the median over profiled steps."""
+    """Per family (or row), the median over profiled steps."""
     import statistics
 
-    return {family: statistics.median(run[family] for run in runs) for family in FAMILIES}
+    return {row: statistics.median(run[row] for run in runs) for row in runs[0]}
 
 
 def table(det: dict[str, float], fast: dict[str, float]) -> list[str]:
@@ -174,7 +202,7 @@ def table(det: dict[str, float], fast: dict[str, float]) -> list[str]:
     gap = sum(det.values()) - sum(fast.values())
     lines = ["| family | deterministic (ms) | fast (ms) | difference (ms) | share of the gap |",
              "| --- | --- | --- | --- | --- |"]
-    for family in FAMILIES:
+    for family in det:
         diff = det[family] - fast[family]
         share = f"{diff / gap:.0%}" if gap > 0 else "-"
         lines.append(f"| {family} | {det[family]:.1f} | {fast[family]:.1f} | {diff:+.1f} | {share} |")
@@ -182,4 +210,4 @@ def table(det: dict[str, float], fast: dict[str, float]) -> list[str]:
     return lines
 
 
-__all__ = ["FAMILIES", "family_ranges", "family_times", "merge", "profile_step", "table", "torch"]
+__all__ = ["FAMILIES", "UNLINKED", "family_ranges", "family_times", "merge", "profile_step", "table", "torch"]

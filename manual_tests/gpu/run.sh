@@ -13,8 +13,8 @@
 # crossformer); `credit train` of the default experiment on one GPU, once in fast mode and twice
 # in deterministic mode (steps/s, peak GPU memory, and whether the two deterministic runs hold
 # the same bits); benchmarks/determinism.py, deterministic against fast train steps interleaved,
-# for each of CREDIT's three classes (nextgen_wxformer, the default experiment's; wxformer;
-# crossformer). A failing step is reported and the next runs.
+# for each of CREDIT's three classes (nextgen_wxformer, the default experiment's, with its
+# time by operation family on the host and on the GPU; wxformer; crossformer). A failing step is reported and the next runs.
 #
 # Results go to $OUT (default: ./gpu_kit_out), named after the GPU, ready to commit to
 # benchmarks/results/: kit_<gpu>.md (versions, steps, tests, training), gemm_<gpu>.md,
@@ -261,8 +261,9 @@ TRAIN_TABLE=$("$PYTHON" manual_tests/gpu/train_summary.py fast="$WORK/fast" det1
 # deterministic against fast on each of CREDIT's classes; the CPU dry run shares two cores
 # with the rest of the suite: more time than a GPU needs
 DET_LIMIT=$( ((DRY_RUN)) && echo 480 || echo 150)
+# the default experiment's also profiled: host and kernel time by operation family
 step "benchmarks/determinism.py" "$DET_LIMIT" "$PYTHON" benchmarks/determinism.py --device $DEVICE \
-    --steps $DET_STEPS --out "$OUT/determinism_$SLUG.md" "${EXPERIMENT[@]}"
+    --steps $DET_STEPS --profile 2 --out "$OUT/determinism_$SLUG.md" "${EXPERIMENT[@]}"
 for class in wxformer crossformer; do
     step "benchmarks/determinism.py model=$class" "$DET_LIMIT" "$PYTHON" benchmarks/determinism.py \
         --device $DEVICE --steps $DET_STEPS --model $class --out "$OUT/determinism_${SLUG}_$class.md" \

@@ -48,6 +48,8 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
         determinism = (out / f"determinism_cpu_dry_run{name}.md").read_text()
         assert "| median step (s) |" in determinism and "--device cpu --steps 2" in determinism
         assert (f"with model={model}" in determinism) == bool(model), determinism
+        # the default experiment's is profiled by operation family (on a GPU, kernel time too)
+        assert ("self CPU time by operation family" in determinism) == (model is None), determinism
 
 
 def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):

@@ -13,7 +13,7 @@ from credit.parallel import build_runtime
 from credit.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from op_families import FAMILIES, PREFIX, family_ranges, profile_step  # noqa: E402
+from op_families import FAMILIES, PREFIX, UNLINKED, family_ranges, profile_step  # noqa: E402
 
 
 @pytest.mark.parametrize("gemm", ["deterministic", "fast"])
@@ -28,7 +28,9 @@ def test_every_family_of_the_model_gets_its_time_and_nothing_is_counted_twice(ti
     trainer.setup()
     batches = iter(trainer.loader)
     trainer.train_step(batches)
-    times = profile_step(trainer, batches)
+    profiled = profile_step(trainer, batches)
+    assert list(profiled) == ["host"]  # no device table on the CPU
+    times = profiled["host"]
     assert list(times) == list(FAMILIES)
     for family in ("projections", "convolutions", "norms", "position bias", "attention (rest)", "spectral norm",
                    "dropout masks", "optimizer and clipping", "data loading"):
@@ -45,5 +47,8 @@ def test_every_family_of_the_model_gets_its_time_and_nothing_is_counted_twice(ti
     events = prof.events()
     total = sum(e.self_cpu_time_total for e in events if not e.name.startswith(PREFIX)) / 1e3
     assert sum(family_times(events).values()) == pytest.approx(total, rel=1e-9)
+    # the device clock on a CPU run: no kernels, every row zero, the unlinked row included
+    device = family_times(events, "device")
+    assert list(device) == [*FAMILIES, UNLINKED] and not any(device.values())
     # the hooks and patches are gone after the context
     assert not any(m._forward_pre_hooks for m in trainer.model.modules())
