@@ -156,7 +156,8 @@ def test_cpu_grouped_column_sum_is_the_gemm_over_padded_groups(groups, rows, col
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize("groups, rows, cols", [(3, 45, 37), (16, 8, 32), (2, 33, 1), (1, 100, 70)])
+@pytest.mark.parametrize("groups, rows, cols", [(3, 45, 37), (16, 8, 32), (2, 33, 1), (1, 100, 70),
+                                                (5, 70, 4), (4, 40, 15)])  # the last two: narrow rows
 def test_cpu_affine_gradients_in_one_pass_are_the_three_separate_results(groups, rows, cols):
     """An affine's input, weight and bias gradients from one pass over the rows have the bits
     of ``g * w`` and the two grouped column sums (signed zeros included)."""

@@ -1,5 +1,6 @@
 """The deterministic LayerNorm's one-pass pieces: torch's normalisation with a unit affine has
-the bits of none, the one-pass affine has the bits of torch's `x * w + b`, and the layer
+the bits of none, the one-pass affine has the bits of torch's `x * w + b`, the CPU kernel's
+layer norm of narrow rows is a layer norm whose rows do not see each other, and the layer
 matches torch's LayerNorm and gives a sample the same bits alone or in a batch."""
 
 import pytest
@@ -56,3 +57,55 @@ def test_det_layer_norm_matches_torch_and_is_batch_invariant():
     (dx_one,) = torch.autograd.grad(y_one, one, g[3:4])
     assert torch.equal(_bits(y_one), _bits(y[3:4]))
     assert torch.equal(_bits(dx_one), _bits(dx[3:4]))
+
+
+@pytest.mark.parametrize("rows, width", [(131, 4), (37, 1), (16, 8), (50, 7), (20, 33)])
+def test_cpu_layer_norm_is_a_layer_norm_and_each_row_its_own(rows, width):
+    """The kernel's output, normed values and input gradient are float64's layer norm to fp32
+    rounding; each row's bits are those of the row alone (rows go through the kernel sixteen
+    at a time); the weight and bias gradients are the row tree's (`affine_grads`)."""
+    gen = torch.Generator().manual_seed(53)
+    x = torch.randn(rows, width, generator=gen) * 3 + 1
+    w, b = torch.randn(width, generator=gen), torch.randn(width, generator=gen)
+    g = torch.randn(rows, width, generator=gen)
+    y, normed, rstd = _cpu.layer_norm(x, w, b, 1e-5)
+    x64 = x.double().requires_grad_()
+    y64 = F.layer_norm(x64, (width,), w.double(), b.double(), 1e-5)
+    (dx64,) = torch.autograd.grad(y64, x64, g.double())
+    assert torch.allclose(y.double(), y64, atol=1e-5)
+    g_normed, _, _ = _cpu.affine_grads(g, normed, w, 1)
+    dx = _cpu.layer_norm_input_grad(g_normed, normed, rstd)
+    assert torch.allclose(dx.double(), dx64, atol=1e-3 * max(1.0, dx64.abs().max().item()))
+    for i in (0, rows // 2, rows - 1):
+        y_one, normed_one, rstd_one = _cpu.layer_norm(x[i:i + 1], w, b, 1e-5)
+        assert torch.equal(_bits(y_one[0]), _bits(y[i])) and torch.equal(_bits(rstd_one), _bits(rstd[i:i + 1]))
+        gn_one, _, _ = _cpu.affine_grads(g[i:i + 1], normed_one, w, 1)
+        assert torch.equal(_bits(_cpu.layer_norm_input_grad(gn_one, normed_one, rstd_one)[0]), _bits(dx[i]))
+
+
+def test_det_layer_norm_of_narrow_rows_takes_the_kernel_and_is_batch_invariant():
+    """A column attention's norm (4 channels a row) runs through the CPU kernel, matches
+    torch's LayerNorm, and gives a sample the same output and gradients alone or in a batch."""
+    torch.manual_seed(4)
+    det, ref = DetLayerNorm(4), torch.nn.LayerNorm(4)
+    with torch.no_grad():
+        det.weight.normal_(), det.bias.normal_()
+    ref.load_state_dict(det.state_dict())
+    x = torch.randn(6, 37, 5, 4).permute(0, 2, 1, 3).requires_grad_()  # strided, as the model's
+    g = torch.randn(6, 5, 37, 4)
+    y = det(x)
+    assert "RowLayerNorm" in type(y.grad_fn).__name__
+    dx, dw, db = torch.autograd.grad(y, (x, det.weight, det.bias), g)
+    want = torch.autograd.grad(ref(x), (x, ref.weight, ref.bias), g)
+    assert torch.allclose(y, ref(x), atol=1e-5)
+    for got, exp in zip((dx, dw, db), want):
+        assert torch.allclose(got, exp, atol=1e-4, rtol=1e-4)
+    one = x[2:3].detach().requires_grad_()
+    y_one = det(one)
+    (dx_one,) = torch.autograd.grad(y_one, one, g[2:3])
+    assert torch.equal(_bits(y_one), _bits(y[2:3].contiguous()))
+    assert torch.equal(_bits(dx_one.contiguous()), _bits(dx[2:3].contiguous()))
+    # the weight and bias gradients: the row tree over whole samples, a split batch's halves add up
+    halves = [torch.autograd.grad(det(x[i:i + 3]), (det.weight, det.bias), g[i:i + 3]) for i in (0, 3)]
+    for k, whole in enumerate((dw, db)):
+        assert torch.equal(_bits(halves[0][k] + halves[1][k]), _bits(whole))

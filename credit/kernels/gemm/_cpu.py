@@ -30,7 +30,8 @@ from ._build import build_environment
 from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp", _CSRC / "cpu_row_sums.cpp"]
+_SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp", _CSRC / "cpu_row_sums.cpp",
+            _CSRC / "cpu_layer_norm.cpp"]
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -167,6 +168,24 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     y = torch.empty_like(x)
     mod.det_affine(x, weight.contiguous(), bias.contiguous(), y)
     return y
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, normed, rstd): layer norm of fp32 rows ``x`` (M, D) in one fixed order per row
+    (csrc/cpu_layer_norm.cpp), ``y = normed * weight + bias`` with `affine`'s roundings."""
+    mod = load()
+    x = x.contiguous()
+    y, normed = torch.empty_like(x), torch.empty_like(x)
+    rstd = torch.empty(x.shape[0], dtype=torch.float32)
+    mod.det_layer_norm(x, weight.contiguous(), bias.contiguous(), eps, y, normed, rstd)
+    return y, normed, rstd
+
+
+def layer_norm_input_grad(g_normed: torch.Tensor, normed: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """`layer_norm`'s input gradient from its normed values' gradient (overwritten)."""
+    load().det_layer_norm_input_grad(g_normed, normed, rstd)
+    return g_normed
 
 
 def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,

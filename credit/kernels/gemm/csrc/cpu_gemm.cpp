@@ -2,6 +2,7 @@
 // strided matrices, det_mm_gather for offset-table operands (padded row trees,
 // implicit im2col), det_fold; and of the row tree's sums (cpu_row_sums.h).
 #include "cpu_gemm_kernel.h"
+#include "cpu_layer_norm.h"
 #include "cpu_row_sums.h"
 
 using namespace credit_gemm;
@@ -259,6 +260,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_affine", &det_affine, "x * w + b over channels-last rows, two roundings (fills y)");
   m.def("det_planar_affine_grads", &det_planar_affine_grads,
         "an NCHW per-channel affine's input, weight and bias gradients in one pass (fills outs)");
+  m.def("det_layer_norm", &det_layer_norm,
+        "layer norm over fp32 rows in a fixed order per row (fills y, normed, rstd)");
+  m.def("det_layer_norm_input_grad", &det_layer_norm_input_grad,
+        "layer norm's input gradient from the normed values' gradient, in place");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;

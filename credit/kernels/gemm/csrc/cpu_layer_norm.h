@@ -1,0 +1,9 @@
+// Layer norm over the last dimension of fp32 rows in a fixed order per row (cpu_layer_norm.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+void det_layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                    at::Tensor& y, at::Tensor& normed, at::Tensor& rstd);
+void det_layer_norm_input_grad(at::Tensor& g_normed, const at::Tensor& normed,
+                               const at::Tensor& rstd);
