@@ -40,6 +40,9 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         (18, 64, 3, 1, 1, (5, 24), 2),    # K of two leaves and a partial one, whole panels
         (5, 12, 4, 2, 1, (6, 8), 3),      # 12 positions a sample: dW as g @ patches
         (64, 8, 3, 1, 1, (5, 6), 2),      # K of 18 leaves: the tree-top split, bias at its end
+        (16, 16, 3, 1, 1, (8, 16), 2),    # g padded like x (kept buffers of one shape)
+        (8, 16, 3, 1, 0, (9, 13), 2),     # no padding: g padded by 2 for dx
+        (6, 5, 5, 1, 2, (7, 9), 3),       # 5 x 5
     ],
 )
 @pytest.mark.parametrize("weight_rows, g_rows", [(True, True), (False, False), (True, False), (False, True)],
@@ -61,12 +64,12 @@ def test_conv2d_gather_path_is_the_matrix_path(c_in, c_out, kernel, stride, padd
 
 @pytest.mark.parametrize("samples_per_chunk", [1, 2])
 def test_conv2d_input_grad_in_sample_chunks_is_the_matrix_path(samples_per_chunk, monkeypatch):
-    # the patch gradients are written a few samples at a time (memory); 5 samples in chunks
-    # of 1 and of 2 (a short last chunk) give the matrix path's dx
+    # a strided convolution's patch gradients are written a few samples at a time (memory);
+    # 5 samples in chunks of 1 and of 2 (a short last chunk) give the matrix path's dx
     torch.manual_seed(2)
-    layer = DetConv2d(6, 10, 3, padding=1)
-    x = torch.randn(5, 6, 7, 9)
-    one_sample = 6 * 9 * 7 * 9 * 4
+    layer = DetConv2d(6, 10, 4, stride=2, padding=1)
+    x = torch.randn(5, 6, 8, 10)
+    one_sample = 6 * 16 * 4 * 5 * 4  # C_in·k·k patch entries at 4 x 5 positions, fp32
     monkeypatch.setattr(det_conv, "_DCOLS_CHUNK_BYTES", samples_per_chunk * one_sample)
     calls = []
     fold = det_conv._cpu.fold
@@ -105,13 +108,22 @@ def test_conv_transpose_gather_path_is_the_matrix_path(kernel, stride, padding, 
     assert torch.allclose(gather[0].double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_conv2d_gather_path_equals_torch_to_rounding():
-    """Anchors both paths to torch's convolution (not only to each other)."""
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (3, 1, 0), (5, 1, 2), (4, 2, 1), (2, 2, 0)])
+def test_conv2d_gather_path_equals_torch_to_rounding(kernel, stride, padding):
+    """Anchors both paths to torch's convolution (not only to each other): the output and
+    every gradient, the stride-1 input gradients (a convolution of g) included."""
     torch.manual_seed(2)
-    layer = DetConv2d(6, 10, 3, padding=1)
-    x = torch.randn(2, 6, 7, 9)
-    want = torch.nn.functional.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1)
-    assert torch.allclose(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+    layer = DetConv2d(6, 10, kernel, stride=stride, padding=padding)
+    x = torch.randn(2, 6, 7, 9, requires_grad=True)
+    y = layer(x)
+    g = torch.randn(y.shape)
+    got = torch.autograd.grad(y, (x, layer.weight, layer.bias), g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, layer.weight, layer.bias))
+    want_y = torch.nn.functional.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    want = torch.autograd.grad(want_y, (x64, w64, b64), g.double())
+    assert torch.allclose(y.double(), want_y, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got, want):
+        assert torch.allclose(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kernel, stride, padding, dilation, grid", [

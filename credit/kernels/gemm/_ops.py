@@ -147,8 +147,8 @@ def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
     return out.view(groups * padded, t.shape[1])
 
 
-def _weight_grad(g: torch.Tensor, x2: torch.Tensor, groups: int, backend: str,
-                 dtype: torch.dtype) -> torch.Tensor:
+def grouped_weight_grad(g: torch.Tensor, x2: torch.Tensor, groups: int, backend: str,
+                        dtype: torch.dtype) -> torch.Tensor:
     """``gᵀ @ x2`` reduced over the rows in ``groups`` each padded to whole leaves."""
     if backend == "cpu" and groups > 1 and min(g.shape[0], g.shape[1], x2.shape[1]) > 0:
         from . import _cpu
@@ -205,7 +205,7 @@ class _DetLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = _mm(g, weight, be, dt)  # (M, N) @ (N, K): tree over N
         if ctx.needs_input_grad[1]:  # (N, M) @ (M, K): tree over rows M (grouped)
-            gw = _weight_grad(g, x2, ctx.groups, be, dt)
+            gw = grouped_weight_grad(g, x2, ctx.groups, be, dt)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(g, ctx.groups, be, dt)  # same row tree as dW
         return gx, gw, gb, None, None, None

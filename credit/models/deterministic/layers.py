@@ -19,7 +19,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm._dtensor import tree_all_reduce
-from credit.kernels.gemm._ops import linear_local, row_sum, row_sum_of_products
+from credit.kernels.gemm._ops import grouped_weight_grad, linear_local, row_sum, row_sum_of_products
 from credit.kernels.gemm._tree import tree_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic import conv as det_conv
@@ -45,7 +45,16 @@ def det_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _matrix_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
-    """The definition: im2col rows times the GEMM (any backend)."""
+    """The definition: im2col rows times the GEMM (any backend); a stride-1 convolution's
+    input gradient the convolution of its output gradient (`det_conv.input_grad_is_a_convolution`)."""
+    if det_conv.input_grad_is_a_convolution(geometry):
+        return _StrideOneConv2d.apply(x, weight, bias, geometry)
+    return _unfolded_conv2d(x, weight, bias, geometry)
+
+
+def _unfolded_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
+    """im2col rows times the GEMM; autograd through the unfold gives dx as patch gradients
+    folded in col2im's order."""
     b, _, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -55,6 +64,40 @@ def _matrix_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     y = linear_local(cols.transpose(1, 2), weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b)
     # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
     return y.transpose(1, 2).reshape(b, weight.shape[0], ho, wo).contiguous()
+
+
+class _StrideOneConv2d(torch.autograd.Function):
+    """`_unfolded_conv2d` with the weight and bias gradients of its GEMM (the row tree over
+    each sample's positions) and the input gradient as the convolution of g, padded by
+    k - 1 - p, by the flipped, transposed weight."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, geometry):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.geometry, ctx.has_bias = geometry, bias is not None
+        return _unfolded_conv2d(x, weight, bias, geometry)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        geometry, b, c_out = ctx.geometry, x.shape[0], weight.shape[0]
+        backend = resolve(_BACKEND, x.device)
+        g = grad.to(x.dtype)
+        gx = gw = gb = None
+        # the GEMM's rows: (sample, position), channels last
+        rows = g.reshape(b, c_out, -1).transpose(1, 2).reshape(-1, c_out)
+        if ctx.needs_input_grad[1]:
+            cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
+                            stride=geometry.stride)
+            cols = cols.transpose(1, 2).reshape(rows.shape[0], -1)
+            gw = grouped_weight_grad(rows, cols, b, backend, x.dtype).view(weight.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = row_sum(rows, b, backend, x.dtype)
+        if ctx.needs_input_grad[0]:
+            adjoint = ConvGeometry(tuple(geometry.kernel_size), (1, 1), det_conv.adjoint_padding(geometry), (1, 1))
+            gx = _unfolded_conv2d(g, det_conv.adjoint_weight(weight), None, adjoint)
+        return gx, gw, gb, None
 
 
 class DetConv2d(nn.Conv2d):
