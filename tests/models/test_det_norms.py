@@ -37,6 +37,17 @@ def test_one_pass_affine_has_the_bits_of_torchs_two_ops(rows, cols):
     assert torch.equal(_bits(_cpu.affine(x, w, b)), _bits(x * w + b))
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (16, 32, 4, 8), (1, 1, 1, 3)])
+def test_one_pass_planar_affine_has_the_bits_of_torchs_two_ops(shape):
+    """A group norm's per-channel affine of NCHW planes, in one pass."""
+    gen = torch.Generator().manual_seed(54)
+    x = torch.randn(shape, generator=gen)
+    w, b = torch.randn(shape[1], generator=gen), torch.randn(shape[1], generator=gen)
+    x[:, 0, ::2] = -0.0
+    want = x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
+    assert torch.equal(_bits(_cpu.planar_affine(x, w, b)), _bits(want))
+
+
 def test_det_layer_norm_matches_torch_and_is_batch_invariant():
     torch.manual_seed(3)
     det, ref = DetLayerNorm(32), torch.nn.LayerNorm(32)

@@ -240,6 +240,15 @@ def _unit_affine(shape: tuple[int, ...], x: torch.Tensor) -> tuple[torch.Tensor,
     return _UNIT_AFFINE[key]
 
 
+def normalized(x: torch.Tensor, shape: tuple[int, ...], eps: float) -> torch.Tensor:
+    """torch's layer norm of `x` over its trailing `shape`, without an affine (a DTensor's
+    as it is; a plain tensor's through the unit affine, the same bits faster)."""
+    from torch.distributed.tensor import DTensor
+
+    ones, zeros = (None, None) if isinstance(x, DTensor) else _unit_affine(tuple(shape), x)
+    return F.layer_norm(x, shape, ones, zeros, eps)
+
+
 _ROW_KERNEL_MAX_D = 8
 """Widest rows DetLayerNorm gives the CPU kernel (narrow rows are where torch's per-row setup
 dominates: 131072 rows of 4, 13.4 ms forward and backward in torch, 6.0 in the kernel; at 64
@@ -249,19 +258,15 @@ values a row torch is faster)."""
 class DetLayerNorm(nn.LayerNorm):
     """`nn.LayerNorm` over the last dim: a per-row normalisation, tree affine gradients.
 
-    Plain fp32 CPU tensors take the CPU kernel's layer norm (`_RowLayerNorm`: one fixed order
-    per row, the affine in the same pass); elsewhere torch's normalisation and
+    Plain fp32 CPU rows of at most 8 values take the CPU kernel's layer norm (`_RowLayerNorm`:
+    one fixed order per row, the affine in the same pass); the rest torch's normalisation and
     `channel_affine`. Both are batch-invariant; their bits differ."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
         if (x.dim() >= 2 and len(self.normalized_shape) == 1 and x.shape[-1] <= _ROW_KERNEL_MAX_D
                 and _plain_cpu_fp32(x, self.weight, self.bias)):
             return _RowLayerNorm.apply(x, self.weight, self.bias, self.eps)
-        ones, zeros = (None, None) if isinstance(x, DTensor) else _unit_affine(tuple(self.normalized_shape), x)
-        normed = F.layer_norm(x, self.normalized_shape, ones, zeros, self.eps)
-        return channel_affine(normed, self.weight, self.bias)
+        return channel_affine(normalized(x, tuple(self.normalized_shape), self.eps), self.weight, self.bias)
 
 
 class _RowLayerNorm(torch.autograd.Function):
@@ -297,8 +302,10 @@ class _PlanarAffine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[override]
+        from credit.kernels.gemm import _cpu
+
         ctx.save_for_backward(x, weight)
-        return x * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+        return _cpu.planar_affine(x, weight, bias)  # torch's two ops' bits, in one pass
 
     @staticmethod
     @once_differentiable

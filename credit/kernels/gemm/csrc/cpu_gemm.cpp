@@ -258,6 +258,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_affine_grads", &det_affine_grads,
         "a channels-last affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_affine", &det_affine, "x * w + b over channels-last rows, two roundings (fills y)");
+  m.def("det_planar_affine", &det_planar_affine, "NCHW x * w + b per channel, two roundings (fills y)");
   m.def("det_planar_affine_grads", &det_planar_affine_grads,
         "an NCHW per-channel affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_layer_norm", &det_layer_norm,

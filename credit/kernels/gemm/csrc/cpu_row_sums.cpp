@@ -386,3 +386,30 @@ void det_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, a
     }
   });
 }
+
+// The same for NCHW x, y (B, C, P = H*W, contiguous) and per-channel w, b (C): a group norm's
+// affine, in one pass where torch's `x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)` takes two.
+void det_planar_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y) {
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &y})
+    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                    t->device().is_cpu() && t->sizes() == x.sizes(),
+                "det_planar_affine cpu: x and y must be contiguous fp32 CPU tensors (B, C, P)");
+  const int64_t C = x.size(1), P = x.size(2), planes = x.size(0) * C;
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&w, &b})
+    TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                    t->size(0) == C,
+                "det_planar_affine cpu: w and b must be contiguous fp32 vectors of C values");
+  const float *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>(), *bd = b.data_ptr<float>();
+  float* yd = y.data_ptr<float>();
+  at::parallel_for(0, planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(P, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t plane = lo; plane < hi; ++plane) {
+      const float scale = wd[plane % C], shift = bd[plane % C];
+      const float* p = xd + plane * P;
+      float* o = yd + plane * P;
+      for (int64_t j = 0; j < P; ++j) {
+        const float t = p[j] * scale;
+        o[j] = t + shift;
+      }
+    }
+  });
+}

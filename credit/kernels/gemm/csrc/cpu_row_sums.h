@@ -15,3 +15,4 @@ void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at:
                              const at::Tensor& merges, int64_t depth, at::Tensor& gx,
                              at::Tensor& gw, at::Tensor& gb);
 void det_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y);
+void det_planar_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y);
