@@ -1,8 +1,10 @@
 """The deterministic LayerNorm's one-pass pieces: torch's normalisation with a unit affine has
 the bits of none, the one-pass affine has the bits of torch's `x * w + b`, the CPU kernel's
-layer norm of narrow rows is a layer norm whose rows do not see each other, and the layer
-matches torch's LayerNorm and gives a sample the same bits alone or in a batch."""
+layer norms of narrow and wide rows are layer norms whose rows do not see each other (the wide
+one in the lane order it promises), and the layer matches torch's LayerNorm and gives a
+sample the same bits alone or in a batch."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,18 +96,63 @@ def test_cpu_layer_norm_is_a_layer_norm_and_each_row_its_own(rows, width):
         assert torch.equal(_bits(_cpu.layer_norm_input_grad(gn_one, normed_one, rstd_one)[0]), _bits(dx[i]))
 
 
-def test_det_layer_norm_of_narrow_rows_takes_the_kernel_and_is_batch_invariant():
-    """A column attention's norm (4 channels a row) runs through the CPU kernel, matches
-    torch's LayerNorm, and gives a sample the same output and gradients alone or in a batch."""
+def _lane_sum(v: torch.Tensor) -> torch.Tensor:
+    """The wide-row kernel's sum of each row of fp32 `v (rows, D)`: 16 chains, chain l adding
+    columns l, l + 16, ... from +0 in order, then the halving tree (l + h into l, h = 8..1)."""
+    part = torch.zeros(v.shape[0], 16)
+    for j in range(0, v.shape[1], 16):
+        width = min(16, v.shape[1] - j)
+        part[:, :width] = part[:, :width] + v[:, j:j + width]
+    for h in (8, 4, 2, 1):
+        part[:, :h] = part[:, :h] + part[:, h:2 * h]
+    return part[:, 0]
+
+
+@pytest.mark.parametrize("rows, width, groups", [(64, 32, 2), (45, 9, 3), (40, 100, 4), (33, 16, 1), (8, 256, 8)])
+def test_wide_row_kernel_has_the_bits_of_its_lane_order(rows, width, groups):
+    """`layer_norm_rows` and its gradients against the order they promise, written with torch's
+    fp32 ops (each rounding where the kernel rounds); the affine gradients are `affine_grads`'
+    row-tree sums of g and g times the normed rows."""
+    gen = torch.Generator().manual_seed(55)
+    x = torch.randn(rows, width, generator=gen) * 3 + 1
+    w, b = torch.randn(width, generator=gen), torch.randn(width, generator=gen)
+    g = torch.randn(rows, width, generator=gen)
+    y, mean, rstd = _cpu.layer_norm_rows(x, w, b, 1e-5)
+    want_mean = _lane_sum(x) / width
+    d = x - want_mean[:, None]
+    var = (_lane_sum(d * d) / width).numpy()
+    # numpy's fp32 sqrt and division round as IEEE (and the C++) do; torch's vector sqrt may not
+    want_rstd = torch.from_numpy(np.float32(1.0) / np.sqrt(var + np.float32(1e-5)))
+    h = d * want_rstd[:, None]
+    assert torch.equal(_bits(mean), _bits(want_mean)) and torch.equal(_bits(rstd), _bits(want_rstd))
+    assert torch.equal(_bits(y), _bits(h * w + b))
+    gx, gw, gb = _cpu.layer_norm_rows_grads(g, x, mean, rstd, w, groups)
+    gn = g * w
+    want_gx = want_rstd[:, None] * ((gn - (_lane_sum(gn) / width)[:, None]) - h * (_lane_sum(gn * h) / width)[:, None])
+    _, want_gw, want_gb = _cpu.affine_grads(g, h, w, groups)
+    for got, want in ((gx, want_gx), (gw, want_gw), (gb, want_gb)):
+        assert torch.equal(_bits(got), _bits(want))
+    x64 = x.double().requires_grad_()
+    y64 = F.layer_norm(x64, (width,), w.double(), b.double(), 1e-5)
+    (dx64,) = torch.autograd.grad(y64, x64, g.double())
+    assert torch.allclose(y.double(), y64, atol=1e-5)
+    assert torch.allclose(gx.double(), dx64, atol=1e-3 * max(1.0, dx64.abs().max().item()))
+
+
+@pytest.mark.parametrize("width, kernel", [(4, "_RowLayerNorm"), (48, "_WideRowLayerNorm")])
+def test_det_layer_norm_takes_the_row_kernels_and_is_batch_invariant(width, kernel):
+    """A column attention's norm (4 channels a row) and a wider one run through the CPU
+    kernels, match torch's LayerNorm, and give a sample the same output and gradients alone or
+    in a batch."""
     torch.manual_seed(4)
-    det, ref = DetLayerNorm(4), torch.nn.LayerNorm(4)
+    det, ref = DetLayerNorm(width), torch.nn.LayerNorm(width)
     with torch.no_grad():
         det.weight.normal_(), det.bias.normal_()
     ref.load_state_dict(det.state_dict())
-    x = torch.randn(6, 37, 5, 4).permute(0, 2, 1, 3).requires_grad_()  # strided, as the model's
-    g = torch.randn(6, 5, 37, 4)
+    x = torch.randn(6, 37, 5, width).permute(0, 2, 1, 3).requires_grad_()  # strided, as the model's
+    g = torch.randn(6, 5, 37, width)
     y = det(x)
-    assert "RowLayerNorm" in type(y.grad_fn).__name__
+    assert type(y.grad_fn).__name__ == kernel + "Backward"
     dx, dw, db = torch.autograd.grad(y, (x, det.weight, det.bias), g)
     want = torch.autograd.grad(ref(x), (x, ref.weight, ref.bias), g)
     assert torch.allclose(y, ref(x), atol=1e-5)

@@ -18,6 +18,7 @@ with a caller-fixed reduction order).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -52,6 +53,12 @@ def default_isa() -> str:
         if forced not in _ISA_FLAGS:
             raise ValueError(f"{ISA_ENV}={forced!r}; allowed: {sorted(_ISA_FLAGS)}")
         return forced
+    return _detected_isa()
+
+
+@functools.cache
+def _detected_isa() -> str:
+    """What torch detects, once (this sits on every deterministic op's path)."""
     cap = torch.backends.cpu.get_cpu_capability().upper()
     if cap.startswith("AVX512"):
         return "avx512"
@@ -73,6 +80,9 @@ def _included_files_flag() -> str:
 def load(isa: str | None = None) -> ModuleType:
     """Build (first call) or load the extension for ``isa``; raise on failure."""
     isa = isa or default_isa()
+    mod = _modules.get(isa)  # built already: no lock (every deterministic op comes here)
+    if mod is not None:
+        return mod
     with _lock:
         if isa in _modules:
             return _modules[isa]
@@ -186,6 +196,34 @@ def layer_norm_input_grad(g_normed: torch.Tensor, normed: torch.Tensor, rstd: to
     """`layer_norm`'s input gradient from its normed values' gradient (overwritten)."""
     load().det_layer_norm_input_grad(g_normed, normed, rstd)
     return g_normed
+
+
+def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): layer norm of wide fp32 rows ``x`` (M, D), each row's sums in a fixed
+    lane order (csrc/cpu_layer_norm.cpp), ``y = ((x - mean) * rstd) * weight + bias``."""
+    mod = load()
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    mean = torch.empty(x.shape[0], dtype=torch.float32)
+    rstd = torch.empty(x.shape[0], dtype=torch.float32)
+    mod.det_layer_norm_rows(x, weight.contiguous(), bias.contiguous(), eps, y, mean, rstd)
+    return y, mean, rstd
+
+
+def layer_norm_rows_grads(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                          weight: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias) of `layer_norm_rows` in one pass; the affine gradients are
+    ``affine_grads``' sums of ``g`` and of ``g`` times the normed rows (rows in ``groups``)."""
+    mod = load()
+    g = g.contiguous()
+    gx = torch.empty_like(g)
+    gw = torch.empty(g.shape[1], dtype=torch.float32)
+    gb = torch.empty(g.shape[1], dtype=torch.float32)
+    n = groups * num_leaves(g.shape[0] // groups)
+    mod.det_layer_norm_rows_grads(g, x, mean, rstd, weight.contiguous(), groups, schedule_tensor(n, g.device),
+                                  merge_schedule(n)[1], gx, gw, gb)
+    return gx, gw, gb
 
 
 def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,

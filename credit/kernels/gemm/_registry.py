@@ -82,8 +82,26 @@ def available_backends(device: torch.device | str) -> list[str]:
     return [name for name in BACKENDS if unavailable_reason(name, device) is None]
 
 
+_RESOLVED: dict[tuple[str, torch.device], str] = {}
+"""Successful resolutions by (choice, device): every deterministic op resolves its backend,
+and the availability checks behind a first answer (an extension load, a module search, a
+device query) cost microseconds of host time a call, which add up on a launch-bound GPU
+step. Failures are not kept, so a backend made available later is found then."""
+
+
 def resolve(backend: str, device: torch.device | str) -> str:
     """Map a user's backend choice to a concrete backend for ``device``."""
+    if isinstance(device, torch.device) and (device.type != "cuda" or device.index is not None):
+        found = _RESOLVED.get((backend, device)) if isinstance(backend, str) else None
+        if found is not None:
+            return found
+        name = _resolve(backend, device)
+        _RESOLVED[(backend, device)] = name
+        return name
+    return _resolve(backend, device)
+
+
+def _resolve(backend: str, device: torch.device | str) -> str:
     dev = _as_device(device)
     if not isinstance(backend, str) or backend not in (*BACKENDS, "auto"):
         raise ValueError(

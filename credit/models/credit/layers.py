@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from credit.kernels.gemm import det_linear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
 from credit.models.credit.deterministic_attention import windowed_attention
-from credit.models.deterministic.layers import channel_affine, normalized
+from credit.models.deterministic.layers import row_layer_norm
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.layer_kit import layer_kit, shard_of
@@ -56,7 +56,7 @@ class ChannelLayerNorm(nn.Module):
         c = x.shape[-1]
         g, b = self.g.reshape(c), self.b.reshape(c)
         if self.deterministic:  # per-row normalisation, affine gradients by the row tree
-            return channel_affine(normalized(x, (c,), self.eps), g, b, sequence_group)
+            return row_layer_norm(x, g, b, self.eps, sequence_group)
         return F.layer_norm(x, (c,), g, b, self.eps)
 
 

@@ -255,33 +255,57 @@ dominates: 131072 rows of 4, 13.4 ms forward and backward in torch, 6.0 in the k
 values a row torch is faster)."""
 
 
-class DetLayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` over the last dim: a per-row normalisation, tree affine gradients.
+def row_layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                   sequence_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Deterministic layer norm over the last dim of `x (B, ..., D)`: each row normalised in
+    a fixed order of its own values, the affine gradients by the row tree grouped by sample
+    (dim 0; over `sequence_group` as `channel_affine`'s).
 
-    Plain fp32 CPU rows of at most 8 values take the CPU kernel's layer norm (`_RowLayerNorm`:
-    one fixed order per row, the affine in the same pass); the rest torch's normalisation and
-    `channel_affine`. Both are batch-invariant; their bits differ."""
+    Plain fp32 CPU rows with both affine terms take the CPU kernels (`_RowLayerNorm` for rows
+    of at most 8 values, `_WideRowLayerNorm` above: the affine in the normalisation's pass,
+    its gradients in the input gradient's); the rest torch's normalisation and
+    `channel_affine`. Each is batch-invariant; their bits differ, so every layout of a run on
+    the CPU takes the same one."""
+    d = x.shape[-1]
+    if x.dim() >= 2 and _plain_cpu_fp32(x, weight, bias):
+        kernel = _RowLayerNorm if d <= _ROW_KERNEL_MAX_D else _WideRowLayerNorm
+        return kernel.apply(x, weight, bias, eps, sequence_group)
+    return channel_affine(normalized(x, (d,), eps), weight, bias, sequence_group)
+
+
+class DetLayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` over the last dim: a per-row normalisation, tree affine gradients
+    (`row_layer_norm`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() >= 2 and len(self.normalized_shape) == 1 and x.shape[-1] <= _ROW_KERNEL_MAX_D
-                and _plain_cpu_fp32(x, self.weight, self.bias)):
-            return _RowLayerNorm.apply(x, self.weight, self.bias, self.eps)
+        if len(self.normalized_shape) == 1:
+            return row_layer_norm(x, self.weight, self.bias, self.eps)
         return channel_affine(normalized(x, tuple(self.normalized_shape), self.eps), self.weight, self.bias)
 
 
+def _row_affine_grads(grad: torch.Tensor, normed: torch.Tensor, gw: torch.Tensor, gb: torch.Tensor,
+                      sequence_group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' affine gradients, or under sequence parallelism (each rank holding some
+    rows of every sample) `_sequence_sums`' over the group, of `grad` and the normed rows."""
+    if sequence_group is None:
+        return gw, gb
+    gw, gb = _sequence_sums(grad, normed.view(grad.shape), True, True, sequence_group, "cpu")
+    return gw, gb
+
+
 class _RowLayerNorm(torch.autograd.Function):
-    """Layer norm of fp32 CPU rows by the CPU kernel: the normalisation and affine in one pass
-    (torch's layer norm spends ~40 ns a row on setup, 5 ms for the column attention's 131072
-    rows of 4 channels), the affine gradients by the row tree grouped by sample (dim 0), as
-    `channel_affine`'s."""
+    """Layer norm of narrow fp32 CPU rows by the CPU kernel: the normalisation and affine in
+    one pass (torch's layer norm spends ~40 ns a row on setup, 5 ms for the column attention's
+    131072 rows of 4 channels), the affine gradients by the row tree grouped by sample (dim
+    0), as `channel_affine`'s."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, eps, sequence_group):  # type: ignore[override]
         from credit.kernels.gemm import _cpu
 
         y, normed, rstd = _cpu.layer_norm(x.reshape(-1, x.shape[-1]), weight, bias, eps)
         ctx.save_for_backward(normed, rstd, weight)
-        ctx.groups = x.shape[0]
+        ctx.groups, ctx.sequence_group = x.shape[0], sequence_group
         return y.view(x.shape)
 
     @staticmethod
@@ -292,7 +316,38 @@ class _RowLayerNorm(torch.autograd.Function):
         normed, rstd, weight = ctx.saved_tensors
         g_normed, gw, gb = _cpu.affine_grads(grad.reshape(normed.shape), normed, weight, ctx.groups)
         gx = _cpu.layer_norm_input_grad(g_normed, normed, rstd) if ctx.needs_input_grad[0] else None
-        return (gx.view(grad.shape) if gx is not None else None), gw, gb, None
+        gw, gb = _row_affine_grads(grad, normed, gw, gb, ctx.sequence_group)
+        return (gx.view(grad.shape) if gx is not None else None), gw, gb, None, None
+
+
+class _WideRowLayerNorm(torch.autograd.Function):
+    """Layer norm of wider fp32 CPU rows by the CPU kernel (each row's sums as 16 strided
+    chains and a fixed tree): the affine in the normalisation's pass, and backward the input
+    gradient and the affine gradients' row-tree sums in one pass from x, mean and rstd, where
+    torch's normalisation and `channel_affine` take two more passes and nodes (and keep the
+    normed values as well as x)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, sequence_group):  # type: ignore[override]
+        from credit.kernels.gemm import _cpu
+
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        y, mean, rstd = _cpu.layer_norm_rows(rows, weight, bias, eps)
+        ctx.save_for_backward(rows, mean, rstd, weight)
+        ctx.groups, ctx.sequence_group = x.shape[0], sequence_group
+        return y.view(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        from credit.kernels.gemm import _cpu
+
+        rows, mean, rstd, weight = ctx.saved_tensors
+        gx, gw, gb = _cpu.layer_norm_rows_grads(grad.reshape(rows.shape), rows, mean, rstd, weight, ctx.groups)
+        if ctx.sequence_group is not None:  # the normed rows, as the kernel computes them
+            normed = (rows - mean[:, None]) * rstd[:, None]
+            gw, gb = _row_affine_grads(grad, normed, gw, gb, ctx.sequence_group)
+        return gx.view(grad.shape), gw, gb, None, None
 
 
 class _PlanarAffine(torch.autograd.Function):

@@ -265,6 +265,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "layer norm over fp32 rows in a fixed order per row (fills y, normed, rstd)");
   m.def("det_layer_norm_input_grad", &det_layer_norm_input_grad,
         "layer norm's input gradient from the normed values' gradient, in place");
+  m.def("det_layer_norm_rows", &det_layer_norm_rows,
+        "layer norm over wide fp32 rows, each in a fixed lane order (fills y, mean, rstd)");
+  m.def("det_layer_norm_rows_grads", &det_layer_norm_rows_grads,
+        "det_layer_norm_rows' input and affine gradients in one pass (fills gx, gw, gb)");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;

@@ -7,8 +7,6 @@
 
 using namespace credit_gemm;
 
-namespace {
-
 // Rows per group and leaves per group of M rows in `groups` equal groups, each padded to whole
 // leaves, checked against the merge schedule's leaf count.
 std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::Tensor& merges,
@@ -20,6 +18,8 @@ std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::
               op, ": merge schedule does not match the row count");
   return {rows, per_group};
 }
+
+namespace {
 
 // The tree over n scalar leaf sums by the merge schedule: the stack top is the left operand.
 float leaf_tree(const float* leaves, int64_t n, const int32_t* sched, float* stack) {

@@ -4,6 +4,13 @@
 
 #include <torch/extension.h>
 
+#include <utility>
+
+// (rows per group, leaves per group) of M rows in `groups` equal groups each padded to whole
+// leaves, checked against the merge schedule's leaf count (`op` names the caller in errors).
+std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::Tensor& merges,
+                                           const char* op);
+
 void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t groups,
                 const at::Tensor& merges, int64_t depth, at::Tensor& out);
 void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
