@@ -174,22 +174,6 @@ def test_cpu_affine_gradients_in_one_pass_are_the_three_separate_results(groups,
     assert torch.equal(gb.view(torch.int32), _cpu.colsum(g, groups).view(torch.int32))
 
 
-@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (16, 4, 8, 16), (1, 2, 1, 3)])
-def test_cpu_planar_affine_gradients_in_one_pass_are_the_three_separate_results(shape):
-    """The same for a per-channel affine of NCHW tensors (a group norm's)."""
-    from credit.kernels.gemm import _cpu
-
-    gen = torch.Generator().manual_seed(47)
-    g = torch.randn(shape, generator=gen)
-    x = torch.randn(shape, generator=gen)
-    w = torch.randn(shape[1], generator=gen)
-    g[:, 0, ::2] = -0.0
-    gx, gw, gb = _cpu.planar_affine_grads(g, x, w)
-    assert torch.equal(gx.view(torch.int32), (g * w.view(1, -1, 1, 1)).view(torch.int32))
-    assert torch.equal(gw.view(torch.int32), _cpu.channel_sums(g, times=x).view(torch.int32))
-    assert torch.equal(gb.view(torch.int32), _cpu.channel_sums(g).view(torch.int32))
-
-
 @pytest.mark.parametrize("groups, rows, n_out, n_in", [
     (16, 8, 96, 40),     # a coarse stage: 8 tokens a sample, a quarter of each leaf real
     (3, 45, 70, 33),     # groups spanning leaves, ragged tiles

@@ -140,36 +140,3 @@ def test_cpu_fold_has_torch_folds_bits(kernel, stride, padding, dilation, grid):
     want = torch.nn.functional.fold(cols, grid, k, dilation=d, padding=p, stride=s)
     got = _cpu.fold(cols, grid, k, p, s, d)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-
-
-@pytest.mark.parametrize("batch, channels, groups, grid", [(3, 12, 4, (5, 7)), (2, 8, 8, (8, 8)), (1, 6, 3, (9, 13))])
-def test_group_norm_planar_affine_is_the_channels_last_path(batch, channels, groups, grid, monkeypatch):
-    """DetGroupNorm's NCHW affine (no channels-last copies, `_cpu.channel_sums`) gives the
-    bits of the channels-last `channel_affine` it replaces on the CPU: output, dx, dW, db, on
-    planes that are and are not whole 32-position leaves."""
-    from credit.models.deterministic.layers import DetGroupNorm
-
-    torch.manual_seed(4)
-    layer = DetGroupNorm(groups, channels)
-    with torch.no_grad():
-        layer.weight.normal_()
-        layer.bias.normal_()
-    x = torch.randn(batch, channels, *grid)
-    results = []
-    for planar in (True, False):
-        monkeypatch.setattr(DetGroupNorm, "_planar", lambda self, normed, planar=planar: planar)
-        layer.zero_grad()
-        xi = x.clone().requires_grad_(True)
-        y = layer(xi)
-        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(9)))
-        results.append((y.detach(), xi.grad, layer.weight.grad.clone(), layer.bias.grad.clone()))
-    for what, a, b in zip(("output", "dx", "dW", "db"), *results):
-        _same_bits(a.contiguous(), b.contiguous(), what)
-
-
-def test_group_norm_takes_the_planar_path_on_the_cpu():
-    from credit.models.deterministic.layers import DetGroupNorm
-
-    layer = DetGroupNorm(2, 4)
-    assert layer._planar(torch.zeros(1, 4, 3, 3))
-    assert not layer._planar(torch.zeros(1, 4, 3, 3, dtype=torch.float64))

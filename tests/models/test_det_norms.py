@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from credit.kernels.gemm import _cpu
-from credit.models.deterministic.layers import DetLayerNorm
+from credit.models.deterministic.layers import DetGroupNorm, DetLayerNorm
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -37,17 +37,6 @@ def test_one_pass_affine_has_the_bits_of_torchs_two_ops(rows, cols):
     x, w, b = torch.randn(rows, cols, generator=gen), torch.randn(cols, generator=gen), torch.randn(cols, generator=gen)
     x[::5, 0] = -0.0
     assert torch.equal(_bits(_cpu.affine(x, w, b)), _bits(x * w + b))
-
-
-@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (16, 32, 4, 8), (1, 1, 1, 3)])
-def test_one_pass_planar_affine_has_the_bits_of_torchs_two_ops(shape):
-    """A group norm's per-channel affine of NCHW planes, in one pass."""
-    gen = torch.Generator().manual_seed(54)
-    x = torch.randn(shape, generator=gen)
-    w, b = torch.randn(shape[1], generator=gen), torch.randn(shape[1], generator=gen)
-    x[:, 0, ::2] = -0.0
-    want = x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
-    assert torch.equal(_bits(_cpu.planar_affine(x, w, b)), _bits(want))
 
 
 def test_det_layer_norm_matches_torch_and_is_batch_invariant():
@@ -167,3 +156,89 @@ def test_det_layer_norm_takes_the_row_kernels_and_is_batch_invariant(width, kern
     halves = [torch.autograd.grad(det(x[i:i + 3]), (det.weight, det.bias), g[i:i + 3]) for i in (0, 3)]
     for k, whole in enumerate((dw, db)):
         assert torch.equal(_bits(halves[0][k] + halves[1][k]), _bits(whole))
+
+
+def _plane_lanes(v: torch.Tensor) -> torch.Tensor:
+    """The group-norm kernel's sum over each row of fp32 `v (rows, planes, P)`: 16 chains over
+    each plane's positions (chain l: positions l, l + 16, ...), running on across the planes
+    in order, then the halving tree."""
+    part = torch.zeros(v.shape[0], 16)
+    for c in range(v.shape[1]):
+        for j in range(0, v.shape[2], 16):
+            width = min(16, v.shape[2] - j)
+            part[:, :width] = part[:, :width] + v[:, c, j:j + width]
+    for h in (8, 4, 2, 1):
+        part[:, :h] = part[:, :h] + part[:, h:2 * h]
+    return part[:, 0]
+
+
+@pytest.mark.parametrize("shape, groups", [((4, 8, 4, 8), 2), ((3, 6, 5, 7), 3), ((2, 4, 9, 9), 1), ((5, 32, 2, 4), 8)])
+def test_group_norm_kernel_has_the_bits_of_its_order_and_a_sample_its_own(shape, groups):
+    """`group_norm` and its gradients against the order they promise (each sample's group a
+    run of planes summed in lanes; the affine gradients each sample's lane sums over its
+    positions, then the tree over samples), written with torch's fp32 ops; a sample's output
+    and input gradient are its own; and float64's group norm to fp32 rounding."""
+    from credit.kernels.gemm._tree import tree_sum
+
+    gen = torch.Generator().manual_seed(56)
+    b, c = shape[:2]
+    x = torch.randn(shape, generator=gen) * 2 + 0.5
+    w, bias = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+    g = torch.randn(shape, generator=gen)
+    y, mean, rstd = _cpu.group_norm(x, w, bias, groups, 1e-5)
+    runs = x.reshape(b * groups, c // groups, -1)
+    n = runs[0].numel()
+    want_mean = _plane_lanes(runs) / n
+    d = runs - want_mean[:, None, None]
+    var = (_plane_lanes(d * d) / n).numpy()
+    want_rstd = torch.from_numpy(np.float32(1.0) / np.sqrt(var + np.float32(1e-5)))
+    h = (d * want_rstd[:, None, None]).reshape(shape)
+    assert torch.equal(_bits(mean), _bits(want_mean)) and torch.equal(_bits(rstd), _bits(want_rstd))
+    assert torch.equal(_bits(y), _bits(h * w.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)))
+    gx, gw, gb = _cpu.group_norm_grads(g, x, mean, rstd, w, groups)
+    gn = g * w.view(1, -1, 1, 1)
+    hr, gnr = h.reshape(runs.shape), gn.reshape(runs.shape)
+    mean_g, mean_gh = _plane_lanes(gnr) / n, _plane_lanes(gnr * hr) / n
+    want_gx = want_rstd[:, None, None] * ((gnr - mean_g[:, None, None]) - hr * mean_gh[:, None, None])
+    assert torch.equal(_bits(gx), _bits(want_gx.reshape(shape)))
+    per_sample_w = _plane_lanes((g * h).reshape(b * c, 1, -1)).view(b, c)
+    per_sample_b = _plane_lanes(g.reshape(b * c, 1, -1)).view(b, c)
+    assert torch.equal(_bits(gw), _bits(tree_sum(list(per_sample_w.unbind(0)))))
+    assert torch.equal(_bits(gb), _bits(tree_sum(list(per_sample_b.unbind(0)))))
+    y_one, _, _ = _cpu.group_norm(x[1:2], w, bias, groups, 1e-5)
+    gx_one, _, _ = _cpu.group_norm_grads(g[1:2], x[1:2], mean[groups:2 * groups], rstd[groups:2 * groups], w, groups)
+    assert torch.equal(_bits(y_one), _bits(y[1:2])) and torch.equal(_bits(gx_one), _bits(gx[1:2]))
+    x64 = x.double().requires_grad_()
+    y64 = F.group_norm(x64, groups, w.double(), bias.double(), 1e-5)
+    (dx64,) = torch.autograd.grad(y64, x64, g.double())
+    assert torch.allclose(y.double(), y64, atol=1e-5)
+    assert torch.allclose(gx.double(), dx64, atol=1e-3 * max(1.0, dx64.abs().max().item()))
+
+
+def test_det_group_norm_takes_the_kernel_and_splits_of_a_batch_add_up():
+    """DetGroupNorm runs through the kernel, matches torch's GroupNorm, and a batch split in
+    halves whose affine gradients are added gives the whole batch's bits."""
+    torch.manual_seed(5)
+    det, ref = DetGroupNorm(4, 16), torch.nn.GroupNorm(4, 16)
+    with torch.no_grad():
+        det.weight.normal_(), det.bias.normal_()
+    ref.load_state_dict(det.state_dict())
+    x = torch.randn(8, 16, 6, 10, requires_grad=True)
+    g = torch.randn(8, 16, 6, 10)
+    y = det(x)
+    assert type(y.grad_fn).__name__ == "_PlanarGroupNormBackward"
+    got = torch.autograd.grad(y, (x, det.weight, det.bias), g)
+    want = torch.autograd.grad(ref(x), (x, ref.weight, ref.bias), g)
+    assert torch.allclose(y, ref(x), atol=1e-5)
+    for a, e in zip(got, want):
+        assert torch.allclose(a, e, atol=1e-4, rtol=1e-4)
+    halves = [torch.autograd.grad(det(x[i:i + 4]), (det.weight, det.bias), g[i:i + 4]) for i in (0, 4)]
+    for k in (0, 1):
+        assert torch.equal(_bits(halves[0][k] + halves[1][k]), _bits(got[k + 1]))
+    # off the kernel (here bfloat16; on a GPU any dtype): torch's normalisation and `channel_affine`
+    det16, x16 = det.bfloat16(), x.detach().bfloat16().requires_grad_()
+    y16 = det16(x16)
+    assert "PlanarGroupNorm" not in type(y16.grad_fn).__name__
+    got16 = torch.autograd.grad(y16, (x16, det16.weight, det16.bias), g.bfloat16())
+    for a, e in zip(got16, got):
+        assert torch.allclose(a.float(), e, atol=0.02 * e.abs().max().item(), rtol=0.02)

@@ -32,7 +32,7 @@ from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = [_CSRC / "cpu_gemm.cpp", _CSRC / "cpu_gemm_engine.cpp", _CSRC / "cpu_row_sums.cpp",
-            _CSRC / "cpu_layer_norm.cpp"]
+            _CSRC / "cpu_layer_norm.cpp", _CSRC / "cpu_group_norm.cpp"]
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -226,6 +226,35 @@ def layer_norm_rows_grads(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, 
     return gx, gw, gb
 
 
+def group_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): group norm of fp32 NCHW ``x`` with its per-channel affine, each
+    sample's group summed in a fixed lane order (csrc/cpu_group_norm.cpp)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    mean = torch.empty(x.shape[0] * groups, dtype=torch.float32)
+    rstd = torch.empty(x.shape[0] * groups, dtype=torch.float32)
+    flat = (x.shape[0], x.shape[1], -1)
+    load().det_group_norm(x.view(flat), weight.contiguous(), bias.contiguous(), groups, eps, y.view(flat), mean, rstd)
+    return y, mean, rstd
+
+
+def group_norm_grads(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                     weight: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias) of `group_norm` in one pass; the affine gradients per channel:
+    each sample's sum of ``g`` times the normed values and of ``g`` (lane order), then the
+    tree over the samples."""
+    g = g.contiguous()
+    gx = torch.empty_like(g)
+    gw = torch.empty(g.shape[1], dtype=torch.float32)
+    gb = torch.empty(g.shape[1], dtype=torch.float32)
+    flat = (g.shape[0], g.shape[1], -1)
+    n = g.shape[0]
+    load().det_group_norm_grads(g.view(flat), x.view(flat), mean, rstd, weight.contiguous(), groups,
+                                schedule_tensor(n, g.device), merge_schedule(n)[1], gx.view(flat), gw, gb)
+    return gx, gw, gb
+
+
 def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                  groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(g * weight, colsum(g, groups, times=x), colsum(g, groups)) of fp32 rows ``g``, ``x``
@@ -238,33 +267,6 @@ def affine_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     n = groups * num_leaves(g.shape[0] // groups)
     mod.det_affine_grads(g, x, weight.contiguous(), groups, schedule_tensor(n, g.device),
                          merge_schedule(n)[1], gx, gw, gb)
-    return gx, gw, gb
-
-
-def planar_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)``'s bits for fp32 NCHW ``x``, in
-    one pass."""
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    load().det_planar_affine(x.view(x.shape[0], x.shape[1], -1), weight.contiguous(), bias.contiguous(),
-                             y.view(x.shape[0], x.shape[1], -1))
-    return y
-
-
-def planar_affine_grads(g: torch.Tensor, x: torch.Tensor,
-                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(g * weight per channel, channel_sums(g, times=x), channel_sums(g)) of fp32 NCHW ``g``,
-    ``x`` and ``weight`` (C,), in one pass, with those three results' bits."""
-    mod = load()
-    b, c = g.shape[:2]
-    g, x = g.contiguous(), x.contiguous()
-    gx = torch.empty_like(g)
-    gw = torch.empty(c, dtype=torch.float32)
-    gb = torch.empty(c, dtype=torch.float32)
-    n = b * num_leaves(g[0, 0].numel())
-    mod.det_planar_affine_grads(g.view(b, c, -1), x.view(b, c, -1), weight.contiguous(),
-                                schedule_tensor(n, g.device), merge_schedule(n)[1],
-                                gx.view(b, c, -1), gw, gb)
     return gx, gw, gb
 
 

@@ -20,7 +20,9 @@ def _interpret_env() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
+@functools.cache
 def _kernel_is_interpreted() -> bool:
+    """Whether the kernel was defined for Triton's interpreter (fixed once it is imported)."""
     from . import _triton_kernel
 
     return type(_triton_kernel.det_mm_kernel).__name__ == "InterpretedFunction"
@@ -56,9 +58,17 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor
     # The interpreter truncates fp32 -> bfloat16 instead of rounding to nearest-even (the
     # GPU's cvt.rn); there the kernel writes fp32 and torch performs the single rounding.
     kernel_out = torch.float32 if interpreted else out_dtype
-    major = torch.cuda.get_device_capability(a.device)[0] if a.device.type == "cuda" else 9
-    limits = tuple(tk.max_depth(_dtype_name(a.dtype), major, split) for split in (False, True))
-    return _tree_mm(a, b, kernel_out, tk, limits).to(out_dtype)
+    return _tree_mm(a, b, kernel_out, tk, _depth_limits(a.device, a.dtype)).to(out_dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _depth_limits(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """`max_depth` of a whole tree and of a subtree on `device` (a host query a call saved:
+    a step makes hundreds of these calls and a GPU step at small sizes waits on the host)."""
+    from . import _triton_kernel as tk
+
+    major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 9
+    return tk.max_depth(_dtype_name(dtype), major, False), tk.max_depth(_dtype_name(dtype), major, True)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

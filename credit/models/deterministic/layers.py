@@ -350,50 +350,40 @@ class _WideRowLayerNorm(torch.autograd.Function):
         return gx.view(grad.shape), gw, gb, None, None
 
 
-class _PlanarAffine(torch.autograd.Function):
-    """`channel_affine` of NCHW `x` viewed channels-last, computed in NCHW (CPU, fp32): the
-    same products, and the affine gradients' row trees summed in place by
-    `_cpu.channel_sums`, so the bits of the channels-last path without its copies."""
+class _PlanarGroupNorm(torch.autograd.Function):
+    """Group norm of fp32 CPU NCHW `x` with its per-channel affine by the CPU kernel, in one
+    pass each way (each sample's group summed in a fixed lane order; the affine gradients by
+    the row tree of its channels-last rows, each sample's positions padded to whole leaves,
+    as `channel_affine`'s), where torch's normalisation, the affine and its gradients take
+    three passes and two nodes."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, groups, eps):  # type: ignore[override]
         from credit.kernels.gemm import _cpu
 
-        ctx.save_for_backward(x, weight)
-        return _cpu.planar_affine(x, weight, bias)  # torch's two ops' bits, in one pass
+        x = x.contiguous()
+        y, mean, rstd = _cpu.group_norm(x, weight, bias, groups, eps)
+        ctx.save_for_backward(x, mean, rstd, weight)
+        ctx.groups = groups
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
         from credit.kernels.gemm import _cpu
 
-        x, weight = ctx.saved_tensors
-        grad = grad.contiguous()
-        if ctx.needs_input_grad[1] and ctx.needs_input_grad[2]:  # the three below in one pass
-            return _cpu.planar_affine_grads(grad, x, weight)
-        gx = grad * weight.view(1, -1, 1, 1)
-        gw = _cpu.channel_sums(grad, times=x) if ctx.needs_input_grad[1] else None
-        gb = _cpu.channel_sums(grad) if ctx.needs_input_grad[2] else None
-        return gx, gw, gb
+        x, mean, rstd, weight = ctx.saved_tensors
+        gx, gw, gb = _cpu.group_norm_grads(grad, x, mean, rstd, weight, ctx.groups)
+        return gx, gw, gb, None, None
 
 
 class DetGroupNorm(nn.GroupNorm):
     """`nn.GroupNorm` on (B, C, H, W): per-sample statistics, tree affine gradients."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 4 and _plain_cpu_fp32(x, self.weight, self.bias):
+            return _PlanarGroupNorm.apply(x, self.weight, self.bias, self.num_groups, self.eps)
         # contiguous NCHW: torch's channels-last group norm chooses its algorithm by batch size
         normed = F.group_norm(x.contiguous(), self.num_groups, None, None, self.eps)
-        if self._planar(normed):
-            return _PlanarAffine.apply(normed, self.weight, self.bias)
         out = channel_affine(normed.permute(0, 2, 3, 1), self.weight, self.bias)
         return out.permute(0, 3, 1, 2).contiguous()
-
-    def _planar(self, normed: torch.Tensor) -> bool:
-        """Whether the NCHW affine applies: CPU fp32 plain tensors with both affine terms and
-        the CPU kernel built (elsewhere the channels-last path, the same bits)."""
-        from credit.kernels.gemm import _cpu
-
-        params = (self.weight, self.bias)
-        return (normed.device.type == "cpu" and normed.dtype == torch.float32 and normed.dim() == 4
-                and all(p is not None and type(p) is nn.Parameter and p.dtype == torch.float32 for p in params)
-                and _cpu.unavailable_reason() is None)

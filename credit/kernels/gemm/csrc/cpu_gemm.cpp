@@ -2,6 +2,7 @@
 // strided matrices, det_mm_gather for offset-table operands (padded row trees,
 // implicit im2col), det_fold; and of the row tree's sums (cpu_row_sums.h).
 #include "cpu_gemm_kernel.h"
+#include "cpu_group_norm.h"
 #include "cpu_layer_norm.h"
 #include "cpu_row_sums.h"
 
@@ -258,9 +259,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("det_affine_grads", &det_affine_grads,
         "a channels-last affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_affine", &det_affine, "x * w + b over channels-last rows, two roundings (fills y)");
-  m.def("det_planar_affine", &det_planar_affine, "NCHW x * w + b per channel, two roundings (fills y)");
-  m.def("det_planar_affine_grads", &det_planar_affine_grads,
-        "an NCHW per-channel affine's input, weight and bias gradients in one pass (fills outs)");
   m.def("det_layer_norm", &det_layer_norm,
         "layer norm over fp32 rows in a fixed order per row (fills y, normed, rstd)");
   m.def("det_layer_norm_input_grad", &det_layer_norm_input_grad,
@@ -269,6 +267,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "layer norm over wide fp32 rows, each in a fixed lane order (fills y, mean, rstd)");
   m.def("det_layer_norm_rows_grads", &det_layer_norm_rows_grads,
         "det_layer_norm_rows' input and affine gradients in one pass (fills gx, gw, gb)");
+  m.def("det_group_norm", &det_group_norm,
+        "group norm of fp32 NCHW planes with its affine, each group in a fixed order (fills y, mean, rstd)");
+  m.def("det_group_norm_grads", &det_group_norm_grads,
+        "det_group_norm's input and affine gradients in one pass (fills gx, gw, gb)");
   m.def("det_fold", &det_fold, "F.fold's bits for fp32 columns (fills out)");
   m.attr("isa") = kIsa;
   m.attr("leaf") = kLeaf;

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "cpu_gemm_kernel.h"
+#include "cpu_lanes.h"
 #include "cpu_row_sums.h"
 
 using credit_gemm::kLeaf;
+using namespace credit_lanes;
 
 namespace {
 
@@ -157,48 +159,9 @@ void det_layer_norm_input_grad(at::Tensor& g_normed, const at::Tensor& normed,
 }
 
 // ---- Wide rows (more than a few values): one row at a time, along the row -----------------
-// A row's sum is kLanes chains, chain l adding values l, l + kLanes, ... from +0 in order,
-// then a halving tree over the chains (l + h into l for h = 8, 4, 2, 1): a fixed order on any
-// SIMD width (the chains are one 16-wide vector, two 8-wide or sixteen scalars). One pass
-// forward; backward, the input gradient and the affine gradients' leaf sums in one pass, the
+// A row's sums in the lane order of cpu_lanes.h. One pass forward; backward, the input gradient and the affine gradients' leaf sums in one pass, the
 // normed values recomputed from x, mean and rstd (as torch's backward does) rather than kept.
 namespace {
-
-constexpr int kLanes = 16;
-
-inline float lane_tree(float* part) {
-  for (int h = kLanes / 2; h >= 1; h /= 2)
-    for (int l = 0; l < h; ++l) part[l] = part[l] + part[l + h];
-  return part[0];
-}
-
-// sum of v[0..D) in the lane order above
-inline float row_sum(const float* __restrict__ v, int64_t D) {
-  alignas(64) float part[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= D; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) part[l] = part[l] + v[j + l];
-  for (int l = 0; j + l < D; ++l) part[l] = part[l] + v[j + l];
-  return lane_tree(part);
-}
-
-// d = v - mean into d, and the sum of d * d (each product rounded) in the lane order above
-inline float row_centred_squares(const float* __restrict__ v, float mean, int64_t D, float* __restrict__ d) {
-  alignas(64) float part[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= D; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float c = v[j + l] - mean, t = c * c;
-      d[j + l] = c;
-      part[l] = part[l] + t;
-    }
-  for (int l = 0; j + l < D; ++l) {
-    const float c = v[j + l] - mean, t = c * c;
-    d[j + l] = c;
-    part[l] = part[l] + t;
-  }
-  return lane_tree(part);
-}
 
 inline void row_affine(const float* __restrict__ d, float r, const float* __restrict__ w,
                        const float* __restrict__ b, int64_t D, float* __restrict__ y) {
@@ -209,8 +172,8 @@ inline void row_affine(const float* __restrict__ d, float r, const float* __rest
 }
 
 // One row of the backward: h = (x - mean) * rstd and gn = g * w into h, gn; g * h and g added
-// to the leaf's sums sw, sb; the lane sums of gn and of gn * h into pg, pgh (row_sum's and
-// row_dot's order). One loop, restrict pointers and whole 16-lane blocks so that it
+// to the leaf's sums sw, sb; the lane sums of gn and of gn * h into pg, pgh (row_sum's
+// order). One loop, restrict pointers and whole 16-lane blocks so that it
 // vectorises; the tail block takes the same steps lane by lane.
 inline void row_backward_sums(const float* __restrict__ g, const float* __restrict__ x,
                               const float* __restrict__ w, float mean, float r, int64_t D,

@@ -19,8 +19,6 @@ std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::
   return {rows, per_group};
 }
 
-namespace {
-
 // The tree over n scalar leaf sums by the merge schedule: the stack top is the left operand.
 float leaf_tree(const float* leaves, int64_t n, const int32_t* sched, float* stack) {
   int64_t top = 0;
@@ -32,6 +30,8 @@ float leaf_tree(const float* leaves, int64_t n, const int32_t* sched, float* sta
   }
   return acc;
 }
+
+namespace {
 
 // det_affine_grads for rows narrower than a vector (N < VL): the same per-column arithmetic
 // (each leaf's rows added to +0 in order, then the leaf tree), one scalar lane per column;
@@ -309,57 +309,6 @@ void det_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor
   });
 }
 
-// The same for NCHW g, x (B, C, P = H*W, contiguous) and per-channel w (C): gx = g * w[c], and
-// det_channel_sums' sums of g * x and of g (each sample's P positions in leaves, the leaves of
-// all samples in one tree), with the bits of those three separate passes.
-void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& merges, int64_t depth, at::Tensor& gx,
-                             at::Tensor& gw, at::Tensor& gb) {
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&g, &x, &gx})
-    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
-                    t->device().is_cpu() && t->sizes() == g.sizes(),
-                "det_planar_affine_grads cpu: g, x and gx must be contiguous fp32 CPU tensors (B, C, P)");
-  const int64_t B = g.size(0), C = g.size(1), P = g.size(2);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&w, &gw, &gb})
-    TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
-                    t->size(0) == C,
-                "det_planar_affine_grads cpu: w, gw and gb must be contiguous fp32 vectors of C values");
-  const int64_t per_sample = (P + kLeaf - 1) / kLeaf, nleaves = B * per_sample;
-  TORCH_CHECK(merges.scalar_type() == at::kInt && merges.is_contiguous() &&
-                  merges.numel() == nleaves && nleaves > 0,
-              "det_planar_affine_grads cpu: merge schedule does not match the leaf count");
-  const float *gd = g.data_ptr<float>(), *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>();
-  float *gxd = gx.data_ptr<float>(), *gwd = gw.data_ptr<float>(), *gbd = gb.data_ptr<float>();
-  const int32_t* sched = merges.data_ptr<int32_t>();
-  at::parallel_for(0, C, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> leaves_w(static_cast<size_t>(nleaves)), leaves_b(static_cast<size_t>(nleaves));
-    std::vector<float> stack(static_cast<size_t>(std::max<int64_t>(depth, 1)));
-    for (int64_t c = lo; c < hi; ++c) {
-      const float wc = wd[c];
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t off = (b * C + c) * P;
-        const float *p = gd + off, *q = xd + off;
-        float* o = gxd + off;
-        for (int64_t i = 0; i < P; ++i) o[i] = p[i] * wc;
-        float* sw = leaves_w.data() + b * per_sample;
-        float* sb = leaves_b.data() + b * per_sample;
-        for (int64_t l = 0; l < per_sample; ++l) sw[l] = sb[l] = 0.0f;
-        // a sample's leaves run interleaved (k outer), each still adding in ascending order
-        for (int64_t k = 0; k < kLeaf; ++k) {
-          const int64_t full = k < P % kLeaf || P % kLeaf == 0 ? per_sample : per_sample - 1;
-          for (int64_t l = 0; l < full; ++l) {
-            const float v = p[l * kLeaf + k];
-            sw[l] = sw[l] + v * q[l * kLeaf + k];
-            sb[l] = sb[l] + v;
-          }
-        }
-      }
-      gwd[c] = leaf_tree(leaves_w.data(), nleaves, sched, stack.data());
-      gbd[c] = leaf_tree(leaves_b.data(), nleaves, sched, stack.data());
-    }
-  });
-}
-
 // y = x * w + b over channels-last rows (x, y: M x N fp32, contiguous; w, b: N): the
 // product rounded, then the sum rounded, as torch's `x * w + b` rounds them, in one pass
 // (torch broadcasts a short last dimension slowly: 1.1 ms for 8192 x 32 here, 0.05 in one loop).
@@ -382,33 +331,6 @@ void det_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, a
       for (int64_t j = 0; j < N; ++j) {
         const float t = p[j] * wd[j];
         o[j] = t + bd[j];
-      }
-    }
-  });
-}
-
-// The same for NCHW x, y (B, C, P = H*W, contiguous) and per-channel w, b (C): a group norm's
-// affine, in one pass where torch's `x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)` takes two.
-void det_planar_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y) {
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &y})
-    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
-                    t->device().is_cpu() && t->sizes() == x.sizes(),
-                "det_planar_affine cpu: x and y must be contiguous fp32 CPU tensors (B, C, P)");
-  const int64_t C = x.size(1), P = x.size(2), planes = x.size(0) * C;
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&w, &b})
-    TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->scalar_type() == at::kFloat &&
-                    t->size(0) == C,
-                "det_planar_affine cpu: w and b must be contiguous fp32 vectors of C values");
-  const float *xd = x.data_ptr<float>(), *wd = w.data_ptr<float>(), *bd = b.data_ptr<float>();
-  float* yd = y.data_ptr<float>();
-  at::parallel_for(0, planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(P, 1)), [&](int64_t lo, int64_t hi) {
-    for (int64_t plane = lo; plane < hi; ++plane) {
-      const float scale = wd[plane % C], shift = bd[plane % C];
-      const float* p = xd + plane * P;
-      float* o = yd + plane * P;
-      for (int64_t j = 0; j < P; ++j) {
-        const float t = p[j] * scale;
-        o[j] = t + shift;
       }
     }
   });

@@ -10,6 +10,8 @@
 // leaves, checked against the merge schedule's leaf count (`op` names the caller in errors).
 std::pair<int64_t, int64_t> grouped_leaves(int64_t M, int64_t groups, const at::Tensor& merges,
                                            const char* op);
+// The tree over n scalar leaf sums by the merge schedule (`stack`: depth floats).
+float leaf_tree(const float* leaves, int64_t n, const int32_t* sched, float* stack);
 
 void det_colsum(const at::Tensor& g, const c10::optional<at::Tensor>& x, int64_t groups,
                 const at::Tensor& merges, int64_t depth, at::Tensor& out);
@@ -18,8 +20,4 @@ void det_channel_sums(const at::Tensor& g, const c10::optional<at::Tensor>& x,
 void det_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, int64_t groups,
                       const at::Tensor& merges, int64_t depth, at::Tensor& gx, at::Tensor& gw,
                       at::Tensor& gb);
-void det_planar_affine_grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& merges, int64_t depth, at::Tensor& gx,
-                             at::Tensor& gw, at::Tensor& gb);
 void det_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y);
-void det_planar_affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::Tensor& y);
