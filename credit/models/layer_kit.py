@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from credit.kernels.gemm import DetLinear
-from credit.models.deterministic.layers import DetConv2d, DetConvTranspose2d, DetGroupNorm, DetLayerNorm
+from credit.models.deterministic.layers import DetConv2d, DetConvTranspose2d
+from credit.models.deterministic.norms import DetGroupNorm, DetLayerNorm
 from credit.models.deterministic.pointwise import DetGELU, DetSigmoid, DetSiLU
 
 

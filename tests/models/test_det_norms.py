@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from credit.kernels.gemm import _cpu
-from credit.models.deterministic.layers import DetGroupNorm, DetLayerNorm
+from credit.models.deterministic.norms import DetGroupNorm, DetLayerNorm
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from credit.kernels.gemm import det_linear
-from credit.models.deterministic.layers import ConvGeometry, channel_affine, det_conv2d
+from credit.models.deterministic.layers import ConvGeometry, det_conv2d
+from credit.models.deterministic.norms import channel_affine
 from credit.models.deterministic.pointwise import sigmoid
 from credit.models.layer_kit import layer_kit
 

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from credit.kernels.gemm import det_linear
 from credit.kernels.gemm._dtensor import tree_all_reduce_grad
 from credit.models.credit.deterministic_attention import windowed_attention
-from credit.models.deterministic.layers import row_layer_norm
+from credit.models.deterministic.norms import row_layer_norm
 from credit.models.dropout import IndexedDropout
 from credit.models.fanout import fan_out
 from credit.models.layer_kit import layer_kit, shard_of

@@ -24,7 +24,7 @@ from credit.kernels.gemm._ops import linear_local
 from credit.models.credit.convs import UpBlockPS, output_head, resize
 from credit.models.credit.layers import check_windows, encoder_grids, stage_multiple
 from credit.models.credit.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
-from credit.models.deterministic.layers import channel_affine
+from credit.models.deterministic.norms import channel_affine
 from credit.models.layer_kit import layer_kit
 
 
