@@ -21,12 +21,27 @@ from credit.kernels.gemm._tree import tree_sum
 from credit.models.inputs import predict
 
 
+class _RowSums(torch.autograd.Function):
+    """(B,) sums of the rows of `weighted (B, K)` by the GEMM's K tree (`weighted @ ones`);
+    backward each row's gradient repeated along it: the GEMM's own backward, `g @ onesᵀ`,
+    is one product `g * 1` an element, exact, so the bits are the same without forming it."""
+
+    @staticmethod
+    def forward(ctx, weighted):  # type: ignore[override]
+        ones = torch.ones((weighted.shape[1], 1), dtype=weighted.dtype, device=weighted.device)
+        ctx.k = weighted.shape[1]
+        with torch.no_grad():
+            return det_mm(weighted, ones)[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad[:, None].expand(grad.shape[0], ctx.k)
+
+
 def sample_sums(prediction: torch.Tensor, target: torch.Tensor,
                 weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """(B,) per-sample sums of the weighted error, each by the fixed K tree."""
-    weighted = weighted_error(prediction, target).reshape(prediction.shape[0], -1)
-    ones = torch.ones((weighted.shape[1], 1), dtype=weighted.dtype, device=weighted.device)
-    return det_mm(weighted, ones)[:, 0]
+    return _RowSums.apply(weighted_error(prediction, target).reshape(prediction.shape[0], -1))
 
 
 def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],

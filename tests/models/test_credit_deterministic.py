@@ -144,3 +144,23 @@ def test_deterministic_resize_and_position_bias_gather_are_torchs_up_to_rounding
         assert torch.allclose(mine, ref, rtol=0, atol=1e-5), size
     table = torch.randn(3, 7 * 7)
     assert torch.equal(gather_position_bias(table, 3), table[:, relative_bias_indices(3)])
+
+
+@pytest.mark.parametrize("batch, windows, heads, length", [(4, 8, 4, 9), (3, 37, 2, 4)])
+def test_shared_bias_gradient_is_each_samples_own_row_tree(batch, windows, heads, length):
+    """The bias gradient of a batch (one call over all samples) is, per sample, the row tree
+    over that sample's (head, window) rows with each head's windows one group: the same bits
+    as the sample alone, and the sum autograd would give up to rounding."""
+    from credit.kernels.gemm._ops import row_sum
+    from credit.models.credit.deterministic_attention import _HeadSharedBias
+
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(batch, windows, heads, length, length, generator=gen)
+    bias = torch.randn(batch, length, length, generator=gen, requires_grad=True)
+    g = torch.randn(scores.shape, generator=gen)
+    (got,) = torch.autograd.grad(_HeadSharedBias.apply(scores, bias, None), bias, g)
+    for i in range(batch):
+        rows = g[i].permute(1, 0, 2, 3).reshape(heads * windows, length * length)
+        want = row_sum(rows, heads, "cpu", torch.float32).view(length, length)
+        assert torch.equal(got[i].view(torch.int32), want.view(torch.int32))
+    assert torch.allclose(got, g.sum((1, 2)), atol=1e-4)

@@ -62,6 +62,28 @@ def test_deterministic_mode_sums_the_configured_error():
         assert torch.allclose(sums[name].double(), expected, rtol=1e-5), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_sums_are_the_gemms_row_sums_forward_and_backward(dtype):
+    """Per-sample sums are `weighted @ ones` through the deterministic GEMM, and their
+    gradient has that product's backward's bits (each element g * 1) without forming it."""
+    from credit.kernels.gemm import det_mm
+
+    gen = torch.Generator().manual_seed(3)
+    prediction = torch.randn(5, 3, 7, 9, generator=gen).to(dtype).requires_grad_()
+    target = torch.randn(5, 3, 7, 9, generator=gen).to(dtype)
+    seed = torch.randn(5, generator=gen).to(dtype)
+
+    def error(p, t):
+        return (p - t) ** 2 * torch.linspace(0.5, 1.5, 7, dtype=dtype).view(1, 1, -1, 1)
+
+    sums = sample_sums(prediction, target, error)
+    (grad,) = torch.autograd.grad(sums, prediction, seed)
+    weighted = error(prediction, target).reshape(5, -1)
+    want = det_mm(weighted, torch.ones(weighted.shape[1], 1, dtype=dtype))[:, 0]
+    (want_grad,) = torch.autograd.grad(want, prediction, seed)
+    assert torch.equal(sums, want) and torch.equal(grad, want_grad)
+
+
 @pytest.mark.parametrize("override, named", [("trainer.loss.function=crps", "trainer.loss.function='crps'"),
                                               ("trainer.loss.huber_delta=0", "trainer.loss.huber_delta=0")])
 def test_a_bad_loss_key_is_one_error_naming_it(override, named):

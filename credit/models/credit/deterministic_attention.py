@@ -43,9 +43,10 @@ class _HeadSharedBias(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         b, windows, heads, length, _ = grad.shape
         backend = resolve("auto", grad.device)
-        # per sample: rows ordered (head, window), each head's windows one group of the tree
-        rows = grad.permute(0, 2, 1, 3, 4).reshape(b, heads * windows, length * length)
-        per_sample = torch.stack([row_sum(rows[i], heads, backend, grad.dtype) for i in range(b)])
+        # per sample: rows ordered (head, window), each head's windows one group of the tree;
+        # the samples side by side as columns, one call (a column's sum is the same alone)
+        rows = grad.permute(2, 1, 0, 3, 4).reshape(heads * windows, b * length * length)
+        per_sample = row_sum(rows, heads, backend, grad.dtype).view(b, length * length)
         if ctx.group is not None and dist.get_world_size(ctx.group) > 1:
             per_sample = _tree_reduce(per_sample, ctx.group)
         return grad, per_sample.view(b, length, length), None
