@@ -74,14 +74,6 @@ inline void plane_backward(const float* __restrict__ g, const float* __restrict_
   }
 }
 
-inline void run_input_grad(const float* __restrict__ h, const float* __restrict__ gn, float r,
-                           float mean_g, float mean_gh, int64_t n, float* __restrict__ out) {
-  for (int64_t k = 0; k < n; ++k) {
-    const float centred = gn[k] - mean_g, along = h[k] * mean_gh;
-    out[k] = r * (centred - along);
-  }
-}
-
 }  // namespace
 
 // Per sample and group: mean and var (lane order, plane by plane), rstd = 1 / sqrt(var +
@@ -165,7 +157,7 @@ void det_group_norm_grads(const at::Tensor& g, const at::Tensor& x, const at::Te
         slots_b[(c0 + c) * s.B + sample] = lane_tree(pb);
       }
       const float mean_g = lane_tree(pg) / n, mean_gh = lane_tree(pgh) / n;
-      run_input_grad(h.data(), gn.data(), r, mean_g, mean_gh, run, gxd + item * run);
+      normed_input_grad(h.data(), gn.data(), r, mean_g, mean_gh, run, gxd + item * run);
     }
   });
   at::parallel_for(0, s.C, 1, [&](int64_t lo, int64_t hi) {

@@ -3,7 +3,8 @@
 // row's values in turn, the chains continuing), then a halving tree over the chains (l + h
 // into l for h = 8, 4, 2, 1). The chains are one 16-wide vector,
 // two 8-wide or sixteen scalars; the loops are plain so the compiler vectorises them without
-// reordering (-ffp-contract=off, no -ffast-math). Used by the layer and group norms.
+// reordering (-ffp-contract=off, no -ffast-math). Used by the layer and group norms, with the
+// input-gradient step they share.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,16 @@ inline float row_centred_squares(const float* v, float mean, int64_t D, float* d
   alignas(64) float part[kLanes] = {};
   add_centred_squares(v, mean, D, d, part);
   return lane_tree(part);
+}
+
+// A norm's input gradient from its normed values h, their gradient gn = g * w and the two
+// sums' means: out = r * ((gn - mean_g) - h * mean_gh), each operation rounded.
+inline void normed_input_grad(const float* __restrict__ h, const float* __restrict__ gn, float r,
+                              float mean_g, float mean_gh, int64_t n, float* __restrict__ out) {
+  for (int64_t k = 0; k < n; ++k) {
+    const float centred = gn[k] - mean_g, along = h[k] * mean_gh;
+    out[k] = r * (centred - along);
+  }
 }
 
 }  // namespace credit_lanes

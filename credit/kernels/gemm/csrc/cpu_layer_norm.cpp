@@ -204,14 +204,6 @@ inline void row_backward_sums(const float* __restrict__ g, const float* __restri
   }
 }
 
-inline void row_input_grad(const float* __restrict__ h, const float* __restrict__ gn, float r,
-                           float mean_g, float mean_gh, int64_t D, float* __restrict__ out) {
-  for (int64_t j = 0; j < D; ++j) {
-    const float centred = gn[j] - mean_g, along = h[j] * mean_gh;
-    out[j] = r * (centred - along);
-  }
-}
-
 }  // namespace
 
 // Per row: mean = sum(x) / D, var = sum((x - mean)^2) / D (lane order), rstd = 1 / sqrt(var +
@@ -282,7 +274,7 @@ void det_layer_norm_rows_grads(const at::Tensor& g, const at::Tensor& x, const a
         alignas(64) float pg[kLanes], pgh[kLanes];
         row_backward_sums(gd + i * D, xd + i * D, wd, md[i], rd[i], D, h.data(), gn.data(), sw, sb, pg, pgh);
         const float mean_g = lane_tree(pg) / n, mean_gh = lane_tree(pgh) / n;
-        row_input_grad(h.data(), gn.data(), rd[i], mean_g, mean_gh, D, gxd + i * D);
+        normed_input_grad(h.data(), gn.data(), rd[i], mean_g, mean_gh, D, gxd + i * D);
       }
     }
   });
