@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ from credit.data import (
 from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_model
 from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
+from credit.train.deterministic import sample_mean
 from credit.train.loaders import build_loaders
 from credit.train.losses import WeightedLoss, channel_weights
 from credit.train.metrics import MetricsLog, plot_loss
@@ -293,7 +295,8 @@ class Trainer:
             channel_variables=self.channel_variables,
             target_std=self.valid_set.target_std,
             lat_weights=self.lat_weights,
-            loss_fn=self.loss_fn,
+            loss_fn=partial(sample_mean, weighted_error=self.loss_fn.weighted_error) if self.deterministic
+            else self.loss_fn,
             state_channels=self.state_channels,
             device=self.runtime.device,
         )

@@ -84,6 +84,27 @@ def test_sample_sums_are_the_gemms_row_sums_forward_and_backward(dtype):
     assert torch.equal(sums, want) and torch.equal(grad, want_grad)
 
 
+def test_deterministic_validation_loss_is_the_same_at_any_thread_count():
+    """Deterministic mode's validation loss per sample (`sample_mean`, the trainer's choice
+    there) has the same bits with one intra-op thread as with two, where torch's `mean`
+    splits a large sample's reduction between threads; and it is that mean up to rounding."""
+    from credit.train.deterministic import sample_mean
+
+    gen = torch.Generator().manual_seed(4)
+    prediction, target = torch.randn(2, 4, 96, 128, generator=gen), torch.randn(2, 4, 96, 128, generator=gen)
+    loss = WeightedLoss(torch.linspace(0.5, 1.5, 96), torch.linspace(1.0, 2.0, 4))
+    threads = torch.get_num_threads()
+    try:
+        values = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            values.append(sample_mean(prediction[1:], target[1:], loss.weighted_error))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(values[0], values[1])
+    assert torch.allclose(values[0].double(), loss.weighted_error(prediction[1:], target[1:]).double().mean())
+
+
 @pytest.mark.parametrize("override, named", [("trainer.loss.function=crps", "trainer.loss.function='crps'"),
                                               ("trainer.loss.huber_delta=0", "trainer.loss.huber_delta=0")])
 def test_a_bad_loss_key_is_one_error_naming_it(override, named):
