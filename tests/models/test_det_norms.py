@@ -242,3 +242,16 @@ def test_det_group_norm_takes_the_kernel_and_splits_of_a_batch_add_up():
     got16 = torch.autograd.grad(y16, (x16, det16.weight, det16.bias), g.bfloat16())
     for a, e in zip(got16, got):
         assert torch.allclose(a.float(), e, atol=0.02 * e.abs().max().item(), rtol=0.02)
+
+
+@pytest.mark.parametrize("layer, shape", [(lambda: DetLayerNorm(32), (0, 5, 32)), (lambda: DetLayerNorm(32), (2, 0, 32)),
+                                          (lambda: DetLayerNorm(4), (0, 3, 4)), (lambda: DetGroupNorm(2, 4), (0, 4, 3, 3))])
+def test_det_norms_of_no_rows_give_empty_outputs_and_zero_gradients(layer, shape):
+    """An empty batch (or a sample with no rows) is torch's: nothing to reduce."""
+    norm = layer()
+    x = torch.randn(shape, requires_grad=True)
+    y = norm(x)
+    y.sum().backward()
+    assert y.shape == x.shape and x.grad.shape == x.shape
+    assert torch.equal(norm.weight.grad, torch.zeros_like(norm.weight))
+    assert torch.equal(norm.bias.grad, torch.zeros_like(norm.bias))

@@ -100,6 +100,9 @@ def channel_affine(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
 
     `sequence_group`: `x` holds this rank's rows of each sample (sequence parallelism); the
     affine gradients are summed over the group (`_sequence_sums`)."""
+    if x.numel() == 0 and sequence_group is None:  # no rows: nothing to reduce, zero gradients
+        y = x * weight if weight is not None else x
+        return y + bias if bias is not None else y
     return _ChannelAffine.apply(x, weight, bias, x.shape[0], sequence_group)
 
 
@@ -143,6 +146,8 @@ def row_layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
     `channel_affine`. Each is batch-invariant; their bits differ, so every layout of a run on
     the CPU takes the same one."""
     d = x.shape[-1]
+    if x.numel() == 0 and sequence_group is None:  # no rows: nothing to reduce, zero gradients
+        return F.layer_norm(x, (d,), weight, bias, eps)
     if x.dim() >= 2 and _plain_cpu_fp32(x, weight, bias):
         kernel = _RowLayerNorm if d <= _ROW_KERNEL_MAX_D else _WideRowLayerNorm
         return kernel.apply(x, weight, bias, eps, sequence_group)
@@ -257,6 +262,8 @@ class DetGroupNorm(nn.GroupNorm):
     """`nn.GroupNorm` on (B, C, H, W): per-sample statistics, tree affine gradients."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # no samples: nothing to reduce, zero gradients
+            return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
         if x.dim() == 4 and _plain_cpu_fp32(x, self.weight, self.bias):
             return _PlanarGroupNorm.apply(x, self.weight, self.bias, self.num_groups, self.eps)
         # contiguous NCHW: torch's channels-last group norm chooses its algorithm by batch size
