@@ -226,6 +226,8 @@ BF16_CONFIGS = [  # (BM, BN, BK, warps, stages, flat); ptxas for sm_90a: no spil
 ]
 FP32_CONFIGS = [(64, 64, 32, 4, 3, True), (64, 64, 32, 8, 3, True), (128, 64, 32, 8, 3, True),
                 (64, 128, 32, 8, 3, True)]
+SINGLE_CHAIN_CONFIGS = [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 4, False),  # no spills (sm_90a)
+                        (128, 128, 64, 4, 3, False), (128, 128, 64, 8, 4, False)]
 LEAVES = {"bfloat16": [256, 512, 1024], "float32": [256, 512]}
 SHAPES = [(4096, 4096, 4096), (20000, 512, 2048), (20000, 2048, 512), (80000, 256, 1024),
           (80000, 1024, 256), (5000, 1024, 4096), (320000, 128, 512)]
@@ -249,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--min-time", type=float, default=0.02)
     p.add_argument("--out", type=Path)
+    p.add_argument("--single-chain", action="store_true",
+                   help="only one chain over the whole K (no tree: a reduction no split cuts), bf16")
     args = p.parse_args(argv)
     lines: list[str] = []
 
@@ -287,6 +291,30 @@ def main(argv: list[str] | None = None) -> int:
         return (torch.randn(M, K, generator=g).to(dtype=dtype, device=device),
                 torch.randn(K, N, generator=g).to(dtype=dtype, device=device))
 
+    if args.single_chain:
+        say("\n## bfloat16, one chain over the whole K (leaf = K, no tree)")
+        say("| M x K x N | config | regs | spills | torch ms | det today ms | chain ms | speed | today's speed | bits |")
+        say("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for shape in SHAPES:
+            a, b = operands(shape, torch.bfloat16)
+            for cfg in SINGLE_CHAIN_CONFIGS:
+                leaf = -(-shape[1] // cfg[2]) * cfg[2]
+                try:
+                    chain_mm(a, b, leaf, cfg)
+                    k = LAST_COMPILE["kernel"]
+                    regs, spills = getattr(k, "n_regs", "?"), getattr(k, "n_spills", "?")
+                    ms_ref, ms_today, ms = [t * 1e3 for t in interleaved(
+                        [lambda: torch.matmul(a, b), lambda: det_mm(a, b, backend="triton"),
+                         lambda: chain_mm(a, b, leaf, cfg)], device, args.repeat, args.min_time)]
+                    fails = check_bits(a, b, leaf, cfg) if shape[0] <= 20000 else None
+                except Exception as error:
+                    say(f"| {'x'.join(map(str, shape))} | {describe(cfg)} | failed: {type(error).__name__}: "
+                        f"{str(error)[-160:]} | | | | | | | |")
+                    continue
+                bits = "not checked" if fails is None else ("ok" if not fails else ", ".join(fails))
+                say(f"| {'x'.join(map(str, shape))} | {describe(cfg)} | {regs} | {spills} | {ms_ref:.3f} "
+                    f"| {ms_today:.3f} | {ms:.3f} | {ms_ref / ms:.2f} | {ms_ref / ms_today:.2f} | {bits} |")
+        return 0
     for dtype, configs in ((torch.bfloat16, BF16_CONFIGS), (torch.float32, FP32_CONFIGS)):
         name = str(dtype)[6:]
         a, b = operands(SHAPES[0], dtype)
