@@ -138,7 +138,7 @@ def shape_set(name: str, overrides: list[str]) -> list[tuple[int, int, int]]:
 
 def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
                 device: torch.device, repeat: int,
-                min_time: float = 0.05) -> dict[str, tuple[float, float, float]]:
+                min_time: float = 0.05, whole_k: bool = False) -> dict[str, tuple[float, float, float]]:
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
@@ -147,14 +147,14 @@ def bench_shape(backend: str, dtype: torch.dtype, shape: tuple[int, int, int],
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
 
     def det_fwd():
-        return det_mm(a, b, backend=backend)
+        return det_mm(a, b, backend=backend, whole_k=whole_k)
 
     def ref_fwd():
         return torch.matmul(a, b)
 
     def det_fwd_bwd():
         ag.grad = bg.grad = None
-        det_mm(ag, bg, backend=backend).backward(dc)
+        det_mm(ag, bg, backend=backend, whole_k=whole_k).backward(dc)
 
     def ref_fwd_bwd():
         ag.grad = bg.grad = None
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-time", type=float, default=0.05,
                    help="seconds each timed sample lasts at least (calls repeated to fill it)")
     p.add_argument("--out", type=Path, help="also write the tables to this file")
+    p.add_argument("--whole-k", action="store_true",
+                   help="det_mm(..., whole_k=True): the forward as one chain over K where the backend "
+                   "has one (triton), the gradients with the tree")
     args = p.parse_args(argv)
 
     threads = [int(t) for t in args.threads.split(",")]
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# det_mm vs torch.matmul (torch {torch.__version__}, {platform.machine()}, "
              f"cuda available: {torch.cuda.is_available()})",
              "speed = t(torch.matmul) / t(det), the median of per-pair ratios of samples taken det, "
-             "torch, det, torch, ...: 1.0 = parity, higher = det faster"]
+             "torch, det, torch, ...: 1.0 = parity, higher = det faster"
+             + ("; det forward as one chain over K (`--whole-k`)" if args.whole_k else "")]
 
     def say(line: str) -> None:
         lines.append(line)
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             say("|---|---|---|---|---|---|---|---|---|")
             for dtype in dtypes:
                 for shape in (shapes if device.type == "cpu" else gpu_shapes):
-                    r = bench_shape(backend, dtype, shape, device, repeat, args.min_time)
+                    r = bench_shape(backend, dtype, shape, device, repeat, args.min_time, args.whole_k)
                     (df, rf, sf), (db, rb, sb) = r["fwd"], r["fb"]
                     say(f"| {str(dtype).replace('torch.', '')} | {'x'.join(map(str, shape))} "
                         f"| {df * 1e3:.2f} | {rf * 1e3:.2f} | {sf:.2f} "

@@ -226,8 +226,11 @@ BF16_CONFIGS = [  # (BM, BN, BK, warps, stages, flat); ptxas for sm_90a: no spil
 ]
 FP32_CONFIGS = [(64, 64, 32, 4, 3, True), (64, 64, 32, 8, 3, True), (128, 64, 32, 8, 3, True),
                 (64, 128, 32, 8, 3, True)]
-SINGLE_CHAIN_CONFIGS = [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 4, False),  # no spills (sm_90a)
-                        (128, 128, 64, 4, 3, False), (128, 128, 64, 8, 4, False)]
+SINGLE_CHAIN_CONFIGS = {  # no spills (sm_90a)
+    "bfloat16": [(128, 256, 64, 8, 3, False), (128, 256, 64, 8, 4, False), (128, 128, 64, 4, 3, False),
+                 (128, 128, 64, 8, 4, False)],
+    "float32": [(128, 128, 32, 8, 3, False), (128, 64, 32, 8, 3, False), (64, 64, 32, 8, 3, False)],
+}
 LEAVES = {"bfloat16": [256, 512, 1024], "float32": [256, 512]}
 SHAPES = [(4096, 4096, 4096), (20000, 512, 2048), (20000, 2048, 512), (80000, 256, 1024),
           (80000, 1024, 256), (5000, 1024, 4096), (320000, 128, 512)]
@@ -291,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         return (torch.randn(M, K, generator=g).to(dtype=dtype, device=device),
                 torch.randn(K, N, generator=g).to(dtype=dtype, device=device))
 
-    if args.single_chain:
-        say("\n## bfloat16, one chain over the whole K (leaf = K, no tree)")
+    for dtype in (torch.bfloat16, torch.float32) if args.single_chain else ():
+        say(f"\n## {str(dtype)[6:]}, one chain over the whole K (leaf = K, no tree)")
         say("| M x K x N | config | regs | spills | torch ms | det today ms | chain ms | speed | today's speed | bits |")
         say("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for shape in SHAPES:
-            a, b = operands(shape, torch.bfloat16)
-            for cfg in SINGLE_CHAIN_CONFIGS:
+            a, b = operands(shape, dtype)
+            for cfg in SINGLE_CHAIN_CONFIGS[str(dtype)[6:]]:
                 leaf = -(-shape[1] // cfg[2]) * cfg[2]
                 try:
                     chain_mm(a, b, leaf, cfg)
@@ -314,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 bits = "not checked" if fails is None else ("ok" if not fails else ", ".join(fails))
                 say(f"| {'x'.join(map(str, shape))} | {describe(cfg)} | {regs} | {spills} | {ms_ref:.3f} "
                     f"| {ms_today:.3f} | {ms:.3f} | {ms_ref / ms:.2f} | {ms_ref / ms_today:.2f} | {bits} |")
+    if args.single_chain:
         return 0
     for dtype, configs in ((torch.bfloat16, BF16_CONFIGS), (torch.float32, FP32_CONFIGS)):
         name = str(dtype)[6:]

@@ -14,6 +14,7 @@ from credit.config.validate import ConfigError
 from credit.models.credit.config import TYPES as CREDIT_TYPES
 from credit.models.credit.config import build_credit_model, resolve_credit_model
 from credit.models.credit.postblocks import PostBlockConfigError, run_post_blocks
+from credit.models.layer_kit import mark_whole_reductions
 from credit.models.spectral_norm import apply_spectral_norm
 from credit.models.windowformer.model import WindowFormer, WindowFormerSpec
 
@@ -88,13 +89,15 @@ def build_model(model_cfg: Mapping[str, Any], **layout: Any) -> nn.Module:
     if name in CREDIT_TYPES:
         try:
             kind, values = resolve_credit_model(credit_arguments(model_cfg, layout["credit_channels"]))
-            return build_credit_model(kind, values, model_cfg.get("gemm", "fast"))
+            model = build_credit_model(kind, values, model_cfg.get("gemm", "fast"))
         except ValueError as error:  # a model key that does not fit the data's grid or channels
             raise ConfigError(str(error)) from None
-    spec = model_spec(model_cfg, **layout)
-    model = WindowFormer(spec)
-    if model_cfg.get("use_spectral_norm", False):
-        apply_spectral_norm(model, deterministic=spec.gemm == "deterministic")
+    else:
+        spec = model_spec(model_cfg, **layout)
+        model = WindowFormer(spec)
+        if model_cfg.get("use_spectral_norm", False):
+            apply_spectral_norm(model, deterministic=spec.gemm == "deterministic")
+    mark_whole_reductions(model)
     return model
 
 

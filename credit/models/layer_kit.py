@@ -36,3 +36,22 @@ def shard_of(weight: torch.Tensor) -> tuple[int, int]:
         return 0, weight.shape[0]
     _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
     return offset[0], weight.shape[0]
+
+
+def mark_whole_reductions(model: nn.Module) -> None:
+    """Tell each DetLinear which of its reductions no tensor-parallel split ever cuts, from the
+    blocks' `_tp_plan`s (the plan, not the layout, so one process marks what tp ranks mark):
+    a colwise layer's forward K and a rowwise layer's input-gradient N stay whole on every
+    rank, as do both of a layer no plan names. The triton backend runs those as one MMA chain
+    (docs/kernels.md); the rest keep the K tree that tp partial sums need."""
+    for layer in model.modules():
+        if isinstance(layer, DetLinear):
+            layer.whole_reductions = (True, True)
+    for block in model.modules():
+        for path, style in (getattr(block, "_tp_plan", None) or {}).items():
+            try:
+                layer = block.get_submodule(path)
+            except AttributeError:  # a plan path a variant of the block lacks
+                continue
+            if isinstance(layer, DetLinear):
+                layer.whole_reductions = (style == "colwise", style == "rowwise")

@@ -22,12 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 class MLP(nn.Module):
+    _tp_plan = {"fc1": "colwise", "fc2": "rowwise"}
+
     def __init__(self, bias: bool):
         super().__init__()
         from credit.kernels.gemm import DetLinear
+        from credit.models.layer_kit import mark_whole_reductions
 
         self.fc1 = DetLinear(64, 128, bias=bias)
         self.fc2 = DetLinear(128, 64, bias=bias)
+        mark_whole_reductions(self)  # fc1's K and fc2's input-gradient N stay whole
 
     def forward(self, x):
         return self.fc2(torch.tanh(self.fc1(x)))
@@ -74,6 +78,24 @@ def run_checks(rank: int) -> dict:
             full = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
             C.same(full, dict(ref.named_parameters())[name].grad, f"{name}.grad")
 
+    def rejects_whole_reductions_that_are_split():
+        torch.manual_seed(0)
+        model = MLP(True)
+        assert model.fc1.whole_reductions == (True, False) and model.fc2.whole_reductions == (False, True)
+        parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        x = C.rand(3, 64, dtype=torch.float32, device="cpu", seed=82)
+        for layer, wrong in ((model.fc1, (True, True)), (model.fc2, (True, True))):
+            saved, layer.whole_reductions = layer.whole_reductions, wrong
+            try:
+                model(x)
+            except ValueError as exc:
+                assert "whole_reductions" in str(exc), exc
+            else:
+                raise AssertionError(f"a split reduction marked whole was accepted: {wrong}")
+            finally:
+                layer.whole_reductions = saved
+        model(x)  # the plan's own marks pass
+
     def rejects_unsupported():
         w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
         try:
@@ -94,6 +116,7 @@ def run_checks(rank: int) -> dict:
     check("tp_matches_unsharded_bias", lambda: tp_matches_unsharded(True))
     check("tp_matches_unsharded_nobias", lambda: tp_matches_unsharded(False))
     check("rejects_unsupported", rejects_unsupported)
+    check("rejects_whole_reductions_that_are_split", rejects_whole_reductions_that_are_split)
     return results
 
 

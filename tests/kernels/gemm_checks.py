@@ -212,3 +212,28 @@ def check_run_to_run(backend: str, device: str, dtype: torch.dtype, m: int, k: i
         outs.append((c.detach(), a.grad.clone(), b.grad.clone()))
     for name, x, y in zip(("C", "dA", "dB"), outs[0], outs[1]):
         same(x, y, f"run-to-run {name}")
+
+
+def check_whole_k(backend: str, device: str, dtype: torch.dtype, m: int, k: int, n: int) -> None:
+    """`whole_k=True` (one chain over K, no tree): rows alone, in a slice and after padding rows
+    give the batch's bits, a narrower N the same columns, run to run the same bits, within the
+    bound of one K-long fp32 chain; the cpu backend gives its tree's bits."""
+    a = rand(m, k, dtype=dtype, device=device, seed=96)
+    b = rand(k, n, dtype=dtype, device=device, seed=97)
+    full = det_mm(a, b, backend=backend, whole_k=True)
+    same(det_mm(a, b, backend=backend, whole_k=True), full, "run to run")
+    for lo, hi in ((0, 1), (7, 8), (3, m - 10), (m - 1, m)):
+        same(det_mm(a[lo:hi], b, backend=backend, whole_k=True), full[lo:hi], f"rows {lo}:{hi}")
+    padded = torch.cat([rand(5, k, dtype=dtype, device=device, seed=98), a])
+    same(det_mm(padded, b, backend=backend, whole_k=True)[5:], full, "rows after 5 padding rows")
+    for lo, hi in ((0, 1), (0, n // 2), (n // 3, n)):
+        same(det_mm(a, b[:, lo:hi].contiguous(), backend=backend, whole_k=True), full[:, lo:hi],
+             f"columns {lo}:{hi}")
+    exact = a.double() @ b.double()
+    gamma = k * U32 / (1 - k * U32)  # one chain of k fp32 additions (Higham 3.4)
+    u_out = UNIT_ROUNDOFF[dtype] if dtype != torch.float32 else 0.0
+    bound = (gamma + u_out * (1 + gamma)) * (a.double().abs() @ b.double().abs())
+    worst = float(((full.double() - exact).abs() - bound).max())
+    assert worst <= 0, f"{dtype}: the chain's error exceeds its bound by {worst}"
+    if backend == "cpu":
+        same(full, det_mm(a, b, backend="cpu"), "cpu ignores whole_k")

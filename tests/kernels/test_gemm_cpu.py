@@ -152,3 +152,9 @@ def test_narrow_tile_gives_the_wide_tiles_bits(dtype, k, a_transposed, n):
     b = C.rand(k, 150, dtype=dtype, device=DEVICE, seed=32)
     wide = C.det_mm(a, b, backend=BACKEND, out_dtype=torch.float32)
     C.same(C.det_mm(a, b[:, :n], backend=BACKEND, out_dtype=torch.float32), wide[:, :n], f"N={n}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_whole_k_keeps_the_tree_on_the_cpu(dtype):
+    """`whole_k` lets the triton backend run one chain; the cpu backend keeps its one order."""
+    C.check_whole_k(BACKEND, DEVICE, dtype, m=150, k=333, n=70)

@@ -10,7 +10,8 @@ import pytest
 import torch.distributed as dist
 
 HERE = Path(__file__).parent
-CHECKS = ["tp_matches_unsharded_bias", "tp_matches_unsharded_nobias", "rejects_unsupported"]
+CHECKS = ["tp_matches_unsharded_bias", "tp_matches_unsharded_nobias", "rejects_unsupported",
+          "rejects_whole_reductions_that_are_split"]
 
 
 @pytest.fixture(scope="module")

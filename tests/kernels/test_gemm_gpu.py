@@ -62,6 +62,8 @@ GPU_CHECKS = {
     "tree_order": lambda be, dt: C.check_tree_order(be, "cuda", dt, 70, 23 * 32 - 7, 90),
     # 300 leaves: taller than the Triton kernel's register levels (split on the host)
     "tree_order_tall": lambda be, dt: C.check_tree_order(be, "cuda", dt, 70, 300 * 32, 90),
+    # one chain over K (triton; the cuda backend keeps its tree): K past one 64 step, padded
+    "whole_k": lambda be, dt: C.check_whole_k(be, "cuda", dt, 333, 1000, 300),
 }
 
 
@@ -162,3 +164,43 @@ def test_triton_kernel_compiles_for_sm80_and_sm90(dtype, tmp_path):
             assert "Used" in report and "registers" in report, report
             if depth in (whole, subtree) and even_k:  # the register budget: no spills
                 assert "0 bytes spill stores" in report, f"sm_{cc} {k}: {report}"
+
+
+CHAIN_SIGNATURE = {
+    "M": "i32", "N": "i32", "K": "i32", "s_am": "i32", "s_ak": "constexpr", "s_bk": "i32",
+    "s_bn": "constexpr", "s_cm": "i32", "s_cn": "constexpr", "BM": "constexpr", "BN": "constexpr",
+    "BK": "constexpr", "GROUP": "constexpr", "STAGES": "constexpr", "INTERPRET": "constexpr",
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_triton_chain_kernel_compiles_for_sm80_and_sm90(dtype, tmp_path):
+    """The one-chain kernel (`whole_k`), compiled ahead of time as an aligned launch
+    specializes it: tensor-core MMAs for bf16/fp16, a pipelined K loop, no register spills."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from credit.kernels.gemm import _triton_kernel as tk
+    if type(tk.det_chain_kernel).__name__ == "InterpretedFunction":
+        pytest.skip("TRITON_INTERPRET=1 is set in this process")
+    torch_name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    bm, bn, bk, warps, stages = tk.CHAIN_TILES[torch_name]
+    fn = tk.det_chain_kernel
+    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", **CHAIN_SIGNATURE}
+    aligned = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "s_am", "s_bk", "s_cm")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    consts = {"s_ak": 1, "s_bn": 1, "s_cn": 1, "BM": bm, "BN": bn, "BK": bk, "GROUP": tk.GROUP_M,
+              "STAGES": stages, "INTERPRET": False}
+    for cc in (80, 90):
+        kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", cc, 32),
+                                options={"num_warps": warps, "num_stages": stages,
+                                         "enable_fp_fusion": False})
+        ptx = kernel.asm["ptx"]
+        assert f".target sm_{cc}" in ptx and "cp.async" in ptx, f"sm_{cc}: the K loop is not pipelined"
+        if dtype != "fp32":
+            instruction = "wgmma.mma_async" if cc >= 90 else "mma.sync"
+            assert instruction in ptx, f"sm_{cc}: no {instruction} in the {dtype} chain kernel"
+        report = _ptxas_report(ptx, cc, tmp_path)
+        assert "0 bytes spill stores" in report, f"sm_{cc}: {report}"

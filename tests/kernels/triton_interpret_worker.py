@@ -75,8 +75,33 @@ def occupancy_split() -> None:
             _triton._programs_wanted, _triton.MIN_SUBTREE_LEAVES, _triton.PARTIALS_BYTES = saved
 
 
+def whole_linear() -> None:
+    """A DetLinear whose reductions are marked whole gives the same output rows and input-
+    gradient rows alone as in the batch (dW keeps the row tree), and its K differs in its last
+    bits from the tree's (the chain is really taken)."""
+    from credit.kernels.gemm import DetLinear
+
+    torch.manual_seed(0)
+    layer = DetLinear(300, 96, backend=B)
+    x = C.rand(4, 9, 300, dtype=F32, device=D, seed=99).requires_grad_()
+    tree = layer(x)
+    layer.whole_reductions = (True, True)
+    y = layer(x)
+    assert not torch.equal(y, tree), "the whole-K chain gave the tree's bits everywhere"
+    g = C.rand(4, 9, 96, dtype=F32, device=D, seed=100)
+    y.backward(g)
+    one = x.detach()[2:3, 4:5].clone().requires_grad_()
+    y1 = layer(one)
+    y1.backward(g[2:3, 4:5])
+    C.same(y1, y[2:3, 4:5], "output row alone")
+    C.same(one.grad, x.grad[2:3, 4:5], "input-gradient row alone")
+
+
 CHECKS = {
     "registry": registry,
+    "whole_k_f32": lambda: C.check_whole_k(B, D, F32, 150, 333, 70),
+    "whole_k_bf16": lambda: C.check_whole_k(B, D, BF16, 150, 200, 70),
+    "whole_linear": whole_linear,
     "accuracy_f32": lambda: C.check_accuracy(B, D, F32, 333, 96, 80),
     "accuracy_bf16": lambda: C.check_accuracy(B, D, BF16, 70, 100, 40),
     "accuracy_f16": lambda: C.check_accuracy(B, D, F16, 70, 100, 40),

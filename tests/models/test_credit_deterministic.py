@@ -164,3 +164,25 @@ def test_shared_bias_gradient_is_each_samples_own_row_tree(batch, windows, heads
         want = row_sum(rows, heads, "cpu", torch.float32).view(length, length)
         assert torch.equal(got[i].view(torch.int32), want.view(torch.int32))
     assert torch.allclose(got, g.sum((1, 2)), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_whole_reductions_follow_the_tp_plans(name):
+    """`build_model`'s marks, from the plans alone: a colwise layer's forward K and a rowwise
+    layer's input-gradient N are whole, the reductions tensor parallelism splits are not, and
+    a layer no plan names keeps both whole (the triton backend's one chain; docs/kernels.md)."""
+    from credit.kernels.gemm import DetLinear
+    from credit.models.layer_kit import mark_whole_reductions
+
+    net = model(name)
+    mark_whole_reductions(net)
+    planned = {}
+    for block in net.modules():
+        for path, style in (getattr(block, "_tp_plan", None) or {}).items():
+            planned[id(block.get_submodule(path))] = style
+    linears = [m for m in net.modules() if isinstance(m, DetLinear)]
+    styles = {planned.get(id(m)) for m in linears}
+    assert styles == {"colwise", "rowwise", None}, styles  # every case is present
+    expected = {"colwise": (True, False), "rowwise": (False, True), None: (True, True)}
+    for layer in linears:
+        assert layer.whole_reductions == expected[planned.get(id(layer))], layer

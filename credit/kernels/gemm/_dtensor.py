@@ -80,9 +80,11 @@ def tree_all_reduce_grad(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
 
 
 def dtensor_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, groups: int = 1
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, groups: int = 1,
+    whole: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
-    """Forward of ``DetLinear`` when its weight (or input) is a DTensor."""
+    """Forward of ``DetLinear`` when its weight (or input) is a DTensor; `whole` is the layer's
+    ``whole_reductions``, which must not claim a reduction this placement splits."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not isinstance(weight, DTensor):
@@ -108,6 +110,15 @@ def dtensor_linear(
             t = t.redistribute(mesh, [want])
         return t.to_local(grad_placements=grad)
 
+    k_split = isinstance(wp, Shard) and wp.dim == 1  # rowwise: the forward's K is split
+    n_split = isinstance(wp, Shard) and wp.dim == 0  # colwise: the input gradient's N is split
+    if (whole[0] and k_split) or (whole[1] and n_split):
+        raise ValueError(
+            f"DetLinear: whole_reductions={whole} claims a reduction that the weight's placement "
+            f"{wp} splits across ranks (K when Shard(1), N when Shard(0)); its one-chain result "
+            "would differ from one process's. Mark layers from the tp plan "
+            "(credit.models.layer_kit.mark_whole_reductions)")
+
     b_local = None
     if isinstance(wp, Shard) and wp.dim == 0:  # ColwiseParallel
         # Each rank's dx only covers its N shard: the partial input gradients are
@@ -115,14 +126,14 @@ def dtensor_linear(
         x_local = tree_all_reduce_grad(local(x, Replicate(), "input", grad=[Replicate()]), group)
         if bias is not None:
             b_local = local(bias, Shard(0), "bias")
-        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups)
+        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups, whole=whole)
         return DTensor.from_local(y, mesh, [Shard(y.dim() - 1)], run_check=False)
     if isinstance(wp, Shard) and wp.dim == 1:  # RowwiseParallel
         x_in = x
         if isinstance(x, DTensor):
             x_in = local(x, Shard(x.dim() - 1), "input")
         part = linear_local(x_in, weight.to_local(), None, backend, out_dtype=torch.float32,
-                            groups=groups)
+                            groups=groups, whole=whole)
         # Reduce before adding the bias so the sum order matches the K tree.
         y = tree_all_reduce(part, group)
         if bias is not None:
@@ -132,7 +143,7 @@ def dtensor_linear(
         x_local = local(x, Replicate(), "input")
         if bias is not None:
             b_local = local(bias, Replicate(), "bias")
-        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups)
+        y = linear_local(x_local, weight.to_local(), b_local, backend, groups=groups, whole=whole)
         return DTensor.from_local(y, mesh, [Replicate()], run_check=False)
     raise NotImplementedError(
         f"DetLinear: weight placement {wp} is not supported; use Shard(0) "

@@ -41,6 +41,7 @@ class DetLinear(nn.Linear):
         # padded to whole 32-row leaves in dW / dbias (so a batch split at sample boundaries
         # is a split of the row tree, whatever the rows per sample).
         self.group_rows = group_rows
+        self.whole_reductions = (False, False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, backend: str = "auto") -> DetLinear:
@@ -52,15 +53,25 @@ class DetLinear(nn.Linear):
         new.bias = linear.bias  # None registers an absent bias, as nn.Linear does
         new.backend = backend
         new.group_rows = False
+        new.whole_reductions = (False, False)
         return new
+
+    # (forward K, input-gradient N): True where no tensor-parallel split ever cuts that
+    # reduction, whatever the layout, so the triton backend may run it as one MMA chain
+    # instead of the K tree (faster; the bits still never depend on the layout). Set from the
+    # blocks' `_tp_plan`s by `credit.models.layer_kit.mark_whole_reductions`; (False, False),
+    # the tree for both, is right for any layer.
+    whole_reductions: tuple[bool, bool]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         groups = input.shape[0] if self.group_rows and input.dim() > 2 else 1
         if _is_dtensor(self.weight) or _is_dtensor(input):
             from ._dtensor import dtensor_linear
 
-            return dtensor_linear(input, self.weight, self.bias, self.backend, groups)
-        return linear_local(input, self.weight, self.bias, self.backend, groups=groups)
+            return dtensor_linear(input, self.weight, self.bias, self.backend, groups,
+                                  self.whole_reductions)
+        return linear_local(input, self.weight, self.bias, self.backend, groups=groups,
+                            whole=self.whole_reductions)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"

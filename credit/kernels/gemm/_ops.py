@@ -67,23 +67,30 @@ def _check_out_dtype(out_dtype: torch.dtype | None, dtype: torch.dtype, op: str)
     raise TypeError(f"{op}: out_dtype={out_dtype}; allowed: None, {dtype}, torch.float32")
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor, backend: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """Run a resolved backend on validated 2-D operands (handles empty shapes)."""
+def _mm(a: torch.Tensor, b: torch.Tensor, backend: str, out_dtype: torch.dtype,
+        whole: bool = False) -> torch.Tensor:
+    """Run a resolved backend on validated 2-D operands (handles empty shapes). `whole`: no
+    tensor-parallel split ever cuts this K, so the triton backend may run it as one chain;
+    the other backends have one order for every reduction."""
     M, K = a.shape
     K2, N = b.shape
     if K != K2:  # guards every internal call too (backward shapes)
         raise ValueError(f"det_mm: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     if M == 0 or N == 0 or K == 0:
         return torch.zeros((M, N), dtype=out_dtype, device=a.device)
+    if whole and backend == "triton":
+        from . import _triton
+
+        return _triton.mm(a, b, out_dtype, whole=True)
     return kernel(backend)(a, b, out_dtype)
 
 
 class _DetMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, backend, out_dtype):  # type: ignore[override]
+    def forward(ctx, a, b, backend, out_dtype, whole_k):  # type: ignore[override]
         ctx.save_for_backward(a, b)
         ctx.backend = backend
-        return _mm(a, b, backend, out_dtype)
+        return _mm(a, b, backend, out_dtype, whole_k)
 
     @staticmethod
     @once_differentiable
@@ -97,7 +104,7 @@ class _DetMM(torch.autograd.Function):
             ga = _mm(g, b.t(), ctx.backend, a.dtype)  # tree over N
         if ctx.needs_input_grad[1]:
             gb = _mm(a.t(), g, ctx.backend, b.dtype)  # tree over M (rows, in order)
-        return ga, gb, None, None
+        return ga, gb, None, None, None
 
 
 def det_mm(
@@ -106,6 +113,7 @@ def det_mm(
     *,
     backend: str = "auto",
     out_dtype: torch.dtype | None = None,
+    whole_k: bool = False,
 ) -> torch.Tensor:
     """Deterministic, batch-invariant ``a (M, K) @ b (K, N)``; differentiable.
 
@@ -115,6 +123,9 @@ def det_mm(
     returns the unrounded accumulation, e.g. for tensor-parallel partial sums).
     ``backend``: ``"auto"``, ``"cpu"``, ``"triton"``, ``"cuda"`` or
     ``"reference"`` (plain ``torch.matmul``, not deterministic).
+    ``whole_k=True`` promises that no tensor-parallel split ever cuts this K: the triton
+    backend then runs the forward product as one MMA chain over K (no tree, several times
+    faster); the gradients keep the tree.
     """
     op = "det_mm"
     _check_tensor("a", a, op)
@@ -131,7 +142,7 @@ def det_mm(
         )
     odt = _check_out_dtype(out_dtype, a.dtype, op)
     name = resolve(backend, a.device)
-    return _DetMM.apply(a, b, name, odt)
+    return _DetMM.apply(a, b, name, odt, whole_k)
 
 
 def pad_row_groups(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -182,17 +193,18 @@ def row_sum_of_products(g: torch.Tensor, x: torch.Tensor, groups: int, backend: 
 
 class _DetLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, backend, out_dtype, groups=1):  # type: ignore[override]
+    def forward(ctx, x2, weight, bias, backend, out_dtype, groups=1,  # type: ignore[override]
+                whole=(False, False)):
         ctx.save_for_backward(x2, weight)
-        ctx.backend, ctx.groups = backend, groups
+        ctx.backend, ctx.groups, ctx.whole_n = backend, groups, whole[1]
         ctx.has_bias = bias is not None
         wt = weight.t()
         if bias is None:
-            return _mm(x2, wt, backend, out_dtype)
+            return _mm(x2, wt, backend, out_dtype, whole[0])
         # Bias is added to the fp32 accumulator; one rounding at the end.
         if backend == "cpu" and min(x2.shape[0], x2.shape[1], wt.shape[1]) > 0:
             return kernel(backend)(x2, wt, out_dtype, bias)  # added inside the kernel's store
-        y = _mm(x2, wt, backend, torch.float32) + bias.to(torch.float32)
+        y = _mm(x2, wt, backend, torch.float32, whole[0]) + bias.to(torch.float32)
         return y.to(out_dtype)
 
     @staticmethod
@@ -203,12 +215,12 @@ class _DetLinear(torch.autograd.Function):
         g = grad.to(dt)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = _mm(g, weight, be, dt)  # (M, N) @ (N, K): tree over N
+            gx = _mm(g, weight, be, dt, ctx.whole_n)  # (M, N) @ (N, K): over N
         if ctx.needs_input_grad[1]:  # (N, M) @ (M, K): tree over rows M (grouped)
             gw = grouped_weight_grad(g, x2, ctx.groups, be, dt)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(g, ctx.groups, be, dt)  # same row tree as dW
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 class _BiasAdd(torch.autograd.Function):
@@ -242,10 +254,12 @@ def linear_local(
     backend: str,
     out_dtype: torch.dtype | None = None,
     groups: int = 1,
+    whole: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
-    """``det_linear`` with an optional fp32 output (used for TP partial sums) and the rows
+    """``det_linear`` with an optional fp32 output (used for TP partial sums), the rows
     reduced for ``dW``/``dbias`` as ``groups`` equal groups padded to whole leaves
-    (``pad_row_groups``)."""
+    (``pad_row_groups``), and `whole` = (forward K, input-gradient N): which of the layer's
+    reductions no tensor-parallel split ever cuts (see ``DetLinear.whole_reductions``)."""
     op = "det_linear"
     _check_tensor("x", x, op)
     _check_tensor("weight", weight, op)
@@ -269,7 +283,7 @@ def linear_local(
     rows = x.numel() // K if K else 0
     if groups < 1 or rows % groups:
         raise ValueError(f"{op}: {rows} rows do not split into {groups} equal groups")
-    y = _DetLinear.apply(x.reshape(-1, K), weight, bias, name, odt, groups)
+    y = _DetLinear.apply(x.reshape(-1, K), weight, bias, name, odt, groups, whole)
     return y.reshape(*x.shape[:-1], N)
 
 

@@ -50,15 +50,34 @@ def unavailable_reason(device: torch.device) -> str | None:
     return f"device type {device.type!r} is not supported by triton"
 
 
-def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ b`` with the Triton kernel; inputs already validated."""
+def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, whole: bool = False) -> torch.Tensor:
+    """``a @ b`` with the Triton kernel; inputs already validated. `whole`: K is a reduction
+    that no tensor-parallel split cuts, computed as one chain (no tree; see docs/kernels.md)."""
     from . import _triton_kernel as tk
 
     interpreted = _kernel_is_interpreted()
     # The interpreter truncates fp32 -> bfloat16 instead of rounding to nearest-even (the
     # GPU's cvt.rn); there the kernel writes fp32 and torch performs the single rounding.
     kernel_out = torch.float32 if interpreted else out_dtype
+    if whole:
+        return _chain_mm(a, b, kernel_out, tk).to(out_dtype)
     return _tree_mm(a, b, kernel_out, tk, _depth_limits(a.device, a.dtype)).to(out_dtype)
+
+
+def _chain_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    bm, bn, bk, warps, stages = tk.CHAIN_TILES[_dtype_name(a.dtype)]
+    if _kernel_is_interpreted():  # its explicit BM x BK x BN product must stay under 2**20 elements
+        bk = 16
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    tk.det_chain_kernel[(-(-M // bm) * -(-N // bn),)](
+        a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        out.stride(0), out.stride(1), BM=bm, BN=bn, BK=bk, GROUP=tk.GROUP_M, STAGES=stages,
+        INTERPRET=_kernel_is_interpreted(), num_warps=warps,
+        enable_fp_fusion=False,  # no mul+add contraction outside the dot
+    )
+    return out
 
 
 @functools.lru_cache(maxsize=16)

@@ -176,3 +176,48 @@ def det_mm_kernel(
     c_tile = c_ptr + tl.program_id(1).to(tl.int64) * s_cz
     tl.store(c_tile + rm.to(tl.int64)[:, None] * s_cm + rn.to(tl.int64)[None, :] * s_cn,
              x.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+
+
+CHAIN_TILES = {
+    # dtype: (BM, BN, BK, num_warps, num_stages) of the one-chain kernel: no tree levels to
+    # hold, so the tiles are cuBLAS-sized (no spills on sm_90a; pinned by the ahead-of-time test)
+    "bfloat16": (128, 256, 64, 8, 3),
+    "float16": (128, 256, 64, 8, 3),
+    "float32": (128, 128, 32, 8, 3),
+}
+
+
+@triton.jit
+def det_chain_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+    STAGES: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """One output tile as a single chain over the whole K: ``acc = dot(a_k, b_k, acc)`` for
+    each BK-wide step in K order (a reduction no tensor-parallel split cuts, so no tree)."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    per_group = GROUP * tiles_n
+    first_m = (pid // per_group) * GROUP
+    group_rows = tl.minimum(tiles_m - first_m, GROUP)
+    tile_m = first_m + (pid % per_group) % group_rows
+    tile_n = (pid % per_group) // group_rows
+    rm = tile_m * BM + tl.arange(0, BM)
+    rn = tile_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    mask_m = rm[:, None] < M
+    mask_n = rn[None, :] < N
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * s_am + rk[None, :] * s_ak
+    b_ptrs = b_ptr + rk[:, None] * s_bk + rn.to(tl.int64)[None, :] * s_bn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        a = tl.load(a_ptrs + k0 * s_ak, mask=mask_m & (rk[None, :] < K - k0), other=0.0)
+        b = tl.load(b_ptrs + k0 * s_bk, mask=(rk[:, None] < K - k0) & mask_n, other=0.0)
+        if INTERPRET:  # see module docstring
+            acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=tl.float32)
+    tl.store(c_ptr + rm.to(tl.int64)[:, None] * s_cm + rn.to(tl.int64)[None, :] * s_cn,
+             acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
