@@ -18,6 +18,7 @@ or SIGINT, but a launcher killed outright (SIGKILL, the OOM killer) runs no code
 would finish the run with nobody waiting, then hang holding the run directory's lock. So on
 Linux the kernel ends them: the forkserver asks for SIGKILL when the launcher dies, and each
 rank for SIGKILL when the forkserver dies (PR_SET_PDEATHSIG). Elsewhere nothing binds them.
+A rank's DataLoader workers are its own children, which torch ends when their rank dies.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def _rank(args: list[str], codes: str) -> None:
     # ^C reaches every rank of the terminal's process group: end at once, as on SIGTERM (the
     # launcher says why), not through a KeyboardInterrupt whose clean-up could wait on peers
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The rank's own processes (DataLoader workers) start as its children, as a torchrun rank's
+    # do. multiprocessing would start them the way the rank was started: from a forkserver of
+    # the rank's own, which nothing ends when the rank dies, and whose workers torch's
+    # watchdog (it watches a worker's parent) would never end either.
+    multiprocessing.set_start_method("spawn" if sys.platform == "darwin" else "fork", force=True)
     rank = os.environ.get("RANK", "0")
     _name_process(rank)
     code = main(args)

@@ -21,7 +21,8 @@ from processes import kill_last_rank, launch_processes, rank_of
 from credit.checkpoint.manager import CheckpointManager
 from credit.train.run_lock import acquire
 
-GONE_WITHIN_S = 10  # the kernel ends them at once; this leaves room for a loaded machine
+RANKS_GONE_S = 5  # ranks and forkserver: the kernel ends them at once (room for a loaded machine)
+ALL_GONE_S = 15  # DataLoader workers check their parent every 5 s (torch); the tracker waits for them
 
 
 def _launch(tiny_overrides, run: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -48,39 +49,49 @@ def _latest_step(run: Path) -> int:
     return checkpoints[-1][0] if checkpoints else 0
 
 
-def _assert_every_process_ends(marker: str) -> None:
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while (left := launch_processes(marker)) and time.monotonic() < deadline:
+def _assert_every_process_ends(marker: str, ranks_and_server: set[int] = frozenset()) -> None:
+    """`ranks_and_server` end within RANKS_GONE_S of the launcher, every process of the
+    launch within ALL_GONE_S."""
+    start, late = time.monotonic(), {}
+    while (left := launch_processes(marker)) and time.monotonic() < start + ALL_GONE_S:
+        if time.monotonic() > start + RANKS_GONE_S and ranks_and_server & set(left):
+            late = left
+            break
         time.sleep(0.1)
     for pid in left:  # nothing outlives the test, whatever it found
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert not left, f"still alive {GONE_WITHIN_S} s after the launcher ended: {left}"
+    assert not late, f"ranks or forkserver alive {RANKS_GONE_S} s after the launcher ended: {late}"
+    assert not left, f"alive {ALL_GONE_S} s after the launcher ended: {left}"
 
 
-def _assert_is_the_launch(agent: subprocess.Popen, marker: str) -> None:
-    """The marker finds the launch's ranks and their forkserver, the launcher's child (else
-    a check that nothing is left would prove nothing)."""
+def _ranks_and_server(agent: subprocess.Popen, marker: str) -> set[int]:
+    """The launch's two ranks and their forkserver, the launcher's child: the marker finds
+    them (else a check that nothing is left would prove nothing). A DataLoader worker bears
+    its rank's name until torch renames it, so a rank is one whose parent is no rank."""
     found = launch_processes(marker)
-    ranks = {rank_of(pid): parent for pid, (_, parent) in found.items() if rank_of(pid) is not None}
+    ranks = {rank_of(pid): (pid, parent) for pid, (_, parent) in found.items()
+             if rank_of(pid) is not None and rank_of(parent) is None}
     assert sorted(ranks) == [0, 1], found
-    servers = set(ranks.values())
-    assert len(servers) == 1 and found[servers.pop()][1] == agent.pid, found
+    servers = {parent for _, parent in ranks.values()}
+    assert len(servers) == 1 and found[next(iter(servers))][1] == agent.pid, found
+    return {pid for pid, _ in ranks.values()} | servers
 
 
 def test_a_killed_launcher_leaves_no_rank_and_the_run_resumes(tiny_overrides, tmp_path):
     run = tmp_path / "run"
-    agent, marker = _launch(tiny_overrides, run, tmp_path / "first.log")
+    # with a DataLoader worker per rank: it too ends (a worker is the rank's own child)
+    agent, marker = _launch(tiny_overrides, run, tmp_path / "first.log", "data.num_workers=1")
     try:
         _wait_until(lambda: _latest_step(run) >= 2, agent, tmp_path / "first.log", "a checkpoint at step 2")
-        _assert_is_the_launch(agent, marker)
+        launch = _ranks_and_server(agent, marker)
         agent.kill()
         agent.wait()
     finally:
         agent.kill()
-    _assert_every_process_ends(marker)
+    _assert_every_process_ends(marker, launch)
     os.close(acquire(run))  # rank 0 has let go of the run directory
     checkpoints = CheckpointManager(run / "checkpoints", keep_latest_k=2)
     last, path = checkpoints.complete_checkpoints()[-1]
@@ -89,12 +100,12 @@ def test_a_killed_launcher_leaves_no_rank_and_the_run_resumes(tiny_overrides, tm
     agent, marker = _launch(tiny_overrides, run, log, "trainer.resume=auto")
     try:
         _wait_until(lambda: _latest_step(run) > last, agent, log, f"a checkpoint after step {last}")
-        _assert_is_the_launch(agent, marker)
+        launch = _ranks_and_server(agent, marker)
         agent.send_signal(signal.SIGTERM)  # a scheduler's stop: the agent stops the ranks
         assert agent.wait(timeout=120) == 128 + signal.SIGTERM
     finally:
         agent.kill()
-    _assert_every_process_ends(marker)
+    _assert_every_process_ends(marker, launch)
     text = log.read_text()
     assert f"resumed from {path} at step {last}" in text, text[-3000:]
     assert "error: the launch got SIGTERM; its 2 ranks were stopped" in text.splitlines(), text[-3000:]
