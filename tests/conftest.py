@@ -83,7 +83,6 @@ LONGEST_FIRST = (
     "rollout/test_default_skill.py",
     "diagnostics/test_sdc_training.py",
     "parallel/test_distributed_training.py",
-    "parallel/test_launcher_death.py",
     "plan/test_plan_command.py",
     "parallel/test_tp_parity_acceptance.py",
     "manual/test_gpu_kit.py",
