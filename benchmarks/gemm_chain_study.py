@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from credit.kernels.gemm import det_mm
-from credit.kernels.gemm._triton_kernel import GROUP_M, _leaf_path, _level
+from credit.kernels.gemm._triton_kernel import GROUP_M, _leaf_path, _level, _tile_of
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -70,14 +70,7 @@ def chain_mm_kernel(
     DEPTH: tl.constexpr, STAGES: tl.constexpr, FLAT: tl.constexpr, IS_INTERPRET: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    per_group = GROUP * tiles_n
-    first_m = (pid // per_group) * GROUP
-    group_rows = tl.minimum(tiles_m - first_m, GROUP)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
+    tile_m, tile_n = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP)
     rm = tile_m * BM + tl.arange(0, BM)
     rn = tile_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)

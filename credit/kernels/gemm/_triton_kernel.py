@@ -101,6 +101,18 @@ def _level(x, s, t: tl.constexpr, depth, run):
 
 
 @triton.jit
+def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(tile row, tile column) of program `pid` in grouped order: GROUP tile rows walk the tile
+    columns together, so neighbouring programs share B panels in L2."""
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    per_group = GROUP * tiles_n
+    first_m = (pid // per_group) * GROUP
+    group_rows = tl.minimum(tiles_m - first_m, GROUP)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def det_mm_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K, n_leaves,
@@ -109,16 +121,8 @@ def det_mm_kernel(
     BM: tl.constexpr, BN: tl.constexpr, LEAF: tl.constexpr, GROUP: tl.constexpr,
     STAGES: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     z = tl.program_id(1)  # the subtree (0 when SPLIT == 0: the whole tree)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    # grouped order: GROUP tile rows walk the tile columns together (B panels stay in L2)
-    per_group = GROUP * tiles_n
-    first_m = (pid // per_group) * GROUP
-    group_rows = tl.minimum(tiles_m - first_m, GROUP)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
+    tile_m, tile_n = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP)
     first, count = _subtree(z, n_leaves, SPLIT)
 
     rm = tile_m * BM + tl.arange(0, BM)
@@ -196,14 +200,7 @@ def det_chain_kernel(
 ):
     """One output tile as a single chain over the whole K: ``acc = dot(a_k, b_k, acc)`` for
     each BK-wide step in K order (a reduction no tensor-parallel split cuts, so no tree)."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    per_group = GROUP * tiles_n
-    first_m = (pid // per_group) * GROUP
-    group_rows = tl.minimum(tiles_m - first_m, GROUP)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
+    tile_m, tile_n = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP)
     rm = tile_m * BM + tl.arange(0, BM)
     rn = tile_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
