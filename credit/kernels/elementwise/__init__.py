@@ -24,7 +24,7 @@ _state: dict[str, ModuleType | str] = {}
 
 def load() -> ModuleType | None:
     """The extension for this CPU's SIMD level, built on first use; None when it cannot be."""
-    from credit.kernels.gemm._build import build_environment
+    from credit.kernels.gemm._build import build_environment, extension_name
     from credit.kernels.gemm._cpu import _ISA_FLAGS, default_isa
 
     isa = default_isa()
@@ -35,7 +35,7 @@ def load() -> ModuleType | None:
         try:
             from torch.utils import cpp_extension
 
-            name = f"credit_det_elementwise_cpu_{isa}"
+            name = extension_name(f"credit_det_elementwise_cpu_{isa}")
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
             with build_environment(build_dir):
                 module = cpp_extension.load(

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
+
+
+def extension_name(base: str) -> str:
+    """`base` with a tag of this checkout's path: torch caches an extension's build by name,
+    and two checkouts (a development tree and a run's, or a clean clone beside them) sharing
+    one name would each rebuild it from scratch whenever the other had built it last."""
+    where = str(Path(__file__).resolve().parents[2])
+    return f"{base}_{hashlib.sha256(where.encode()).hexdigest()[:8]}"
 
 
 def _ninja_bin_dir() -> str | None:

@@ -27,7 +27,7 @@ from types import ModuleType
 
 import torch
 
-from ._build import build_environment
+from ._build import build_environment, extension_name
 from ._tree import merge_schedule, num_leaves, schedule_tensor
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -93,7 +93,7 @@ def load(isa: str | None = None) -> ModuleType:
 
             # no -std: torch adds the C++ standard its own headers need (c++17 in 2.11 and 2.13, c++20 in 2.15)
             flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ISA_FLAGS[isa], _included_files_flag()]
-            name = f"credit_det_gemm_cpu_{isa}"
+            name = extension_name(f"credit_det_gemm_cpu_{isa}")
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
             with build_environment(build_dir):
                 mod = cpp_extension.load(

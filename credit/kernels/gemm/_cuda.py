@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from ._build import build_environment
+from ._build import build_environment, extension_name
 from ._tree import num_leaves, schedule_tensor
 
 CSRC = Path(__file__).with_name("csrc")
@@ -41,7 +41,7 @@ def load() -> ModuleType:
         try:
             from torch.utils import cpp_extension
 
-            name = "credit_det_gemm_cuda"
+            name = extension_name("credit_det_gemm_cuda")
             build_dir = cpp_extension._get_build_directory(name, verbose=False)
             with build_environment(build_dir):
                 _module = cpp_extension.load(
