@@ -72,6 +72,7 @@ HEAVY = {
     "train/test_memory_metrics.py",
     "train/test_post_blocks.py",
     "train/test_spectral_norm_training.py",
+    "test_other_cpu_path.py",
 }
 
 

@@ -66,7 +66,9 @@ def test_init_times_and_channels_are_credits(variant):
 def test_every_steps_input_targets_and_forcing_equal_credits(variant):
     """Step i's input is what CREDIT's gen2 trainer assembles with a perfect prediction (the
     fixture's `x_steps`): the newest `history_len` state frames, each with its static and
-    forcing fields, exactly as `credit.train.forecast` feeds the model. Equal bit for bit."""
+    forcing fields, exactly as `credit.train.forecast` feeds the model. Equal bit for bit: the
+    normalisation is +-*/ in CREDIT's order, correctly rounded on any CPU (bitwise on the AVX2,
+    scalar and MKL CNR paths)."""
     expected = _expected(variant)
     checked = 0
     for split, ds in zip(("train", "valid"), _datasets(expected["config"])):

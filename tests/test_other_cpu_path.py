@@ -1,0 +1,63 @@
+"""The comparisons with numbers made on another machine (CREDIT's fixtures) hold on a second
+CPU code path: those tests rerun in a pytest subprocess with torch's kernels on their scalar
+build (`ATEN_CPU_CAPABILITY=default`; transcendental functions, softmax, norms and reductions
+round another way) and MKL on its reproducible path (`MKL_CBWR=COMPATIBLE`; another GEMM
+blocking). A tolerance tuned to the CPU that made a fixture fails here, on any machine.
+docs/testing.md gives the tolerance policy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+# every comparison with a fixture that takes under a few seconds, and CREDIT's continued run
+FIXTURE_COMPARISONS = (
+    "tests/train/test_losses.py::test_the_loss_is_credits_on_the_same_tensors",
+    "tests/config/test_credit_file.py::test_the_mapped_loss_equals_credits_with_latitude_and_variable_weights",
+    "tests/data/test_credit_gen1_dataset.py::test_model_input_and_target_equal_credits",
+    "tests/data/test_credit_gen2_dataset.py::test_every_steps_input_targets_and_forcing_equal_credits",
+    "tests/models/test_credit_models.py::test_forward_matches_credit_in_one_process",
+    "tests/models/test_credit_postblocks.py::test_post_blocks_on_credits_model_output_are_credits_bit_for_bit",
+    "tests/models/test_credit_postblocks.py::test_from_credit_with_post_blocks_forecasts_credits_numbers",
+    "tests/checkpoint/test_credit_start.py::test_a_continued_run_takes_credits_next_two_steps",
+)
+
+
+def other_cpu_path() -> dict[str, str]:
+    """The environment of a second code path: the scalar kernels unless they already run
+    (a CPU without AVX2), and MKL's conditional-numerical-reproducibility path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ATEN_CPU_", "MKL_CBWR"))}
+    env.update(MKL_CBWR="COMPATIBLE", OMP_NUM_THREADS="1")
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        env["ATEN_CPU_CAPABILITY"] = "default"
+    return env
+
+
+# pytest in a subprocess that first says which kernels torch picked
+_PYTEST = ("import sys, pytest, torch; print('capability', torch.backends.cpu.get_cpu_capability(), flush=True); "
+           "sys.exit(pytest.main(sys.argv[1:]))")
+
+
+def test_fixture_comparisons_hold_on_another_cpu_path(tmp_path):
+    env = other_cpu_path()
+    report = tmp_path / "report.xml"
+    run = subprocess.run([sys.executable, "-c", _PYTEST, "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                          *FIXTURE_COMPARISONS], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stdout[-6000:]
+    if "ATEN_CPU_CAPABILITY" in env:  # the subprocess really ran the other kernels
+        assert run.stdout.startswith("capability DEFAULT"), run.stdout[:200]
+    suite = ET.parse(report).getroot().find("testsuite")
+    passed: dict[str, int] = {}
+    for case in suite.iter("testcase"):
+        assert not any(child.tag in ("failure", "error", "skipped") for child in case), ET.tostring(case)[:2000]
+        node = case.get("classname").replace(".", "/") + ".py::" + case.get("name").split("[")[0]
+        passed[node] = passed.get(node, 0) + 1
+    # every named test ran, each parametrization passed, none skipped
+    assert sorted(passed) == sorted(FIXTURE_COMPARISONS), passed
+    assert sum(passed.values()) == int(suite.get("tests")) > len(FIXTURE_COMPARISONS)
