@@ -77,8 +77,9 @@ HEAVY = {
 
 
 # The longest files (minutes each on 2 cores), collected first: pytest-xdist's loadfile hands
-# out files in collection order, so the two workers start on these and end together instead of
-# one worker starting a four-minute file last.
+# out files in collection order (with its reordering by test count turned off, below), so the
+# two workers start on these and end together instead of one worker starting a ten-minute file
+# last.
 LONGEST_FIRST = (
     "train/test_deterministic_training.py",
     "rollout/test_default_skill.py",
@@ -88,6 +89,14 @@ LONGEST_FIRST = (
     "parallel/test_tp_parity_acceptance.py",
     "manual/test_gpu_kit.py",
 )
+
+
+def pytest_configure(config):
+    # pytest-xdist >= 3.7 sorts loadfile's files by their number of tests (most first) unless
+    # told not to: the many-parametrized quick files would then go first and the long
+    # single-test files last, one worker running alone at the end
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
