@@ -53,6 +53,7 @@ HEAVY = {
     "parallel/test_credit_tp.py",
     "parallel/test_deterministic_tp.py",
     "parallel/test_distributed_training.py",
+    "parallel/test_launcher_death.py",
     "parallel/test_seeding_and_sampling.py",
     "parallel/test_sequence_parallel.py",
     "parallel/test_sequence_parallel_training.py",
