@@ -36,8 +36,10 @@ from pathlib import Path
 
 # What every rank imports before its first step; the forkserver imports them once. This module
 # first: it binds the forkserver to its launcher (`_bind_forkserver`) before the seconds of torch.
+# Not credit.cli: a rank started by `python -m credit.cli` re-runs that module as its
+# `__mp_main__`, and runpy warns on every rank when it is already imported.
 PRELOAD = ("credit.launch", "torch", "torch.distributed.tensor", "torch.distributed.checkpoint",
-           "torch._dynamo", "credit.cli", "credit.train", "credit.rollout", "credit.diagnostics")
+           "torch._dynamo", "credit.train", "credit.rollout", "credit.diagnostics")
 RANK_NAME = "credit-rank-{rank}"  # the process name (/proc/PID/comm, 15 characters at most)
 LAUNCHER_ENV = "CREDIT_LAUNCHER_PID"  # set only while the launcher starts its forkserver
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -127,13 +129,14 @@ def launch(nproc: int, args: Sequence[str], debug: bool = False) -> tuple[bool, 
     agent saw every rank succeed, and the exit codes the ranks recorded (one per rank that
     got as far as recording it). Raises LaunchStopped when SIGTERM or SIGINT stopped the
     launch (the ranks stopped first)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    # the forkserver's imports (seconds) run while this process imports the agent's torch
+    _start_forkserver()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
-    _start_forkserver()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           start_method="forkserver")
