@@ -95,9 +95,13 @@ DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also -
 def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
     """Run `credit <command_name>` as `nproc` local ranks (same overrides; `credit.launch`)
     and exit with the ranks' own exit code (an SDC stop is 3, a config error 2)."""
-    from credit.launch import launch
+    from credit.launch import LaunchStopped, launch
 
-    succeeded, ranks = launch(nproc, [command_name, *overrides], debug=os.environ.get(DEBUG_ENV) == "1")
+    try:
+        succeeded, ranks = launch(nproc, [command_name, *overrides], debug=os.environ.get(DEBUG_ENV) == "1")
+    except LaunchStopped as stop:  # a scheduler's SIGTERM, ^C: the shell's code for that signal
+        _fail(f"the launch got {stop}; its {nproc} ranks were stopped")
+        sys.exit(128 + stop.signum)
     failed = [code for code in ranks if code]
     if not succeeded and not failed and len(ranks) == nproc:
         # every rank finished its work and left its process group, then one aborted in its

@@ -12,23 +12,71 @@ A rank runs the same command (`credit.cli.main`), sees the same RANK / WORLD_SIZ
 MASTER_ADDR environment torchrun gives, names itself `credit-rank-N` (what `ps` and `top`
 show, and how a test finds rank N) and leaves its exit code in a folder, so the launch exits
 with the ranks' own code (the agent only knows that a rank failed).
+
+No rank outlives its launcher. The agent stops the ranks when the launch fails or gets SIGTERM
+or SIGINT, but a launcher killed outright (SIGKILL, the OOM killer) runs no code: its ranks
+would finish the run with nobody waiting, then hang holding the run directory's lock. So on
+Linux the kernel ends them: the forkserver asks for SIGKILL when the launcher dies, and each
+rank for SIGKILL when the forkserver dies (PR_SET_PDEATHSIG). Elsewhere nothing binds them.
+A rank's DataLoader workers are its own children, which torch ends when their rank dies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-# What every rank imports before its first step; the forkserver imports them once.
-PRELOAD = ("torch", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch._dynamo",
-           "credit.cli", "credit.train", "credit.rollout", "credit.diagnostics")
+# What every rank imports before its first step; the forkserver imports them once. This module
+# first: it binds the forkserver to its launcher (`_bind_forkserver`) before the seconds of torch.
+# Not credit.cli: a rank started by `python -m credit.cli` re-runs that module as its
+# `__mp_main__`, and runpy warns on every rank when it is already imported.
+PRELOAD = ("credit.launch", "torch", "torch.distributed.tensor", "torch.distributed.checkpoint",
+           "torch._dynamo", "credit.train", "credit.rollout", "credit.diagnostics")
 RANK_NAME = "credit-rank-{rank}"  # the process name (/proc/PID/comm, 15 characters at most)
+LAUNCHER_ENV = "CREDIT_LAUNCHER_PID"  # set only while the launcher starts its forkserver
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The process that imported this module: in a rank, the forkserver the rank was forked from.
+_IMPORTED_IN = os.getpid()
+
+
+class LaunchStopped(Exception):
+    """The launcher got SIGTERM or SIGINT; the agent has stopped the ranks."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when `parent`, the process that started it, ends
+    (however it ends); end now if it already has. Linux only: elsewhere this does nothing."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):  # no prctl: not Linux
+        return
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:  # the parent died before the request: no signal will come
+        os._exit(1)
+
+
+def _bind_forkserver() -> None:
+    """In the forkserver `launch` starts (the first module it imports): end with the launcher.
+    The variable leaves the environment here, so no rank or later process sees it."""
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if launcher is not None:
+        _end_with_parent(int(launcher))
+
+
+_bind_forkserver()
 
 
 def _name_process(rank: str) -> None:
@@ -41,8 +89,18 @@ def _name_process(rank: str) -> None:
 
 def _rank(args: list[str], codes: str) -> None:
     """One rank: the command's exit code goes to `codes`/RANK.code and is the process's."""
+    if _IMPORTED_IN != os.getpid():  # forked from the forkserver, which preloaded this module
+        _end_with_parent(_IMPORTED_IN)
     from credit.cli import main
 
+    # ^C reaches every rank of the terminal's process group: end at once, as on SIGTERM (the
+    # launcher says why), not through a KeyboardInterrupt whose clean-up could wait on peers
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The rank's own processes (DataLoader workers) start as its children, as a torchrun rank's
+    # do. multiprocessing would start them the way the rank was started: from a forkserver of
+    # the rank's own, which nothing ends when the rank dies, and whose workers torch's
+    # watchdog (it watches a worker's parent) would never end either.
+    multiprocessing.set_start_method("spawn" if sys.platform == "darwin" else "fork", force=True)
     rank = os.environ.get("RANK", "0")
     _name_process(rank)
     code = main(args)
@@ -52,15 +110,33 @@ def _rank(args: list[str], codes: str) -> None:
     sys.exit(code)
 
 
+def _start_forkserver() -> None:
+    """Start the forkserver now, from this thread, bound to this process (`_bind_forkserver`).
+    PR_SET_PDEATHSIG follows the thread that started a process, so the binding holds while
+    this thread lives: the one that calls `launch` and waits in it for the ranks. (A forkserver
+    this process already runs, started by other code, is used as it is.)"""
+    from multiprocessing import forkserver
+
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(LAUNCHER_ENV, None)
+
+
 def launch(nproc: int, args: Sequence[str], debug: bool = False) -> tuple[bool, list[int]]:
     """Run `credit <args>` on `nproc` local ranks and wait for them. Returns whether the
     agent saw every rank succeed, and the exit codes the ranks recorded (one per rank that
-    got as far as recording it)."""
+    got as far as recording it). Raises LaunchStopped when SIGTERM or SIGINT stopped the
+    launch (the ranks stopped first)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    # the forkserver's imports (seconds) run while this process imports the agent's torch
+    _start_forkserver()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           start_method="forkserver")
@@ -74,6 +150,8 @@ def launch(nproc: int, args: Sequence[str], debug: bool = False) -> tuple[bool, 
             if debug:
                 print(error, file=sys.stderr)  # the agent's report of each failed rank
             succeeded = False
+        except SignalException as stop:  # the agent sent the signal on to the ranks and waited
+            raise LaunchStopped(stop.sigval) from None
         finally:
             logging.disable(logging.NOTSET)
         return succeeded, [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]

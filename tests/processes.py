@@ -1,12 +1,16 @@
-"""Killing one rank of a running `credit train --nproc N` launch, without a race.
+"""Killing one rank of a running `credit train --nproc N` launch, without a race, and finding
+every process of a launch.
 
 `credit train --nproc N` runs the elastic agent, whose forkserver forks the ranks, so the rank
 to kill is found by its process name (`credit-rank-N`, `credit.launch`), never by its place
-in the process tree (killing the agent or the forkserver instead would orphan ranks that go
-on to finish the run). The watcher polls the run's
-metrics and kills when it sees a given step; on a loaded machine the ranks could reach their
-next checkpoint between the poll and the kill, so the whole process tree is frozen (SIGSTOP)
-first, the rank is killed, and the rest continue.
+in the process tree (killing the agent or the forkserver instead would end every rank). The
+watcher polls the run's metrics and kills when it sees a given step; on a loaded machine the
+ranks could reach their next checkpoint between the poll and the kill, so the whole process
+tree is frozen (SIGSTOP) first, the rank is killed, and the rest continue.
+
+The processes of one launch (launcher, forkserver, ranks, multiprocessing's resource tracker)
+all inherit the launcher's environment, so a marker set there finds them wherever they are
+in the process tree, and never a concurrent test's launch (`launch_processes`).
 """
 
 from __future__ import annotations
@@ -65,3 +69,23 @@ def kill_last_rank(agent_pid: int) -> int:
         return last
     finally:
         _signal_all(tree, signal.SIGCONT)
+
+
+def launch_processes(marker: str) -> dict[int, tuple[str, int]]:
+    """Every live process whose environment holds `marker` ("NAME=VALUE", given to a launcher
+    and inherited by all it starts): pid -> (process name, parent pid). A zombie (dead, not
+    yet reaped) shows an empty environment and is not counted."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker.encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:  # "pid (name) state ppid ...": name may hold spaces
+                name, rest = f.read().rsplit(")", 1)
+            found[int(entry)] = (name.split("(", 1)[1], int(rest.split()[1]))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # ended meanwhile, or not ours to read
+    return found

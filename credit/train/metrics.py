@@ -65,6 +65,7 @@ def plot_loss(metrics_path: str | Path, out_path: str | Path) -> None:
     """Training loss per step (log scale) with validation loss points. A bare Figure (no
     pyplot, no tight_layout: ~1 s less at the end of every run) with fixed margins."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import LogFormatter
 
     train = read_metrics(metrics_path, "train")
     valid = read_metrics(metrics_path, "valid")
@@ -76,6 +77,10 @@ def plot_loss(metrics_path: str | Path, out_path: str | Path) -> None:
     if points:
         ax.plot(*zip(*points), "o", label="validation")
     ax.set_yscale("log")
+    # plain-text tick labels: the default log labels are mathtext, whose font search warns on
+    # every run where matplotlib ships only the DejaVu fonts (3.11 and later)
+    ax.yaxis.set_major_formatter(LogFormatter())
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("step")
     ax.set_ylabel("latitude-weighted MSE (normalized)")
     ax.grid(True, alpha=0.3)

@@ -11,7 +11,8 @@
 //   exponent field: per field, the integer sums of hi*hi, hi*lo and lo*lo over the elements'
 //   24-bit significands m = hi * 2^12 + lo. Integer sums do not depend on their order, so
 //   threads split the elements freely.
-#include <torch/extension.h>
+// torch/python.h: the tensor casters the bindings need, not the full C++ frontend
+#include <torch/python.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

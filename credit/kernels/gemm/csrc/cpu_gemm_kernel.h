@@ -19,7 +19,9 @@
 // the leaf holds padding.
 #pragma once
 
-#include <torch/extension.h>
+// The engine's sources need only tensors and at::parallel_for: the full extension header
+// (autograd, nn, pybind11) would add about a minute of compiling per source.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -11,6 +11,8 @@
 // split into power-of-two parts whose gradients are added by the same tree gives the same bits.
 #include "cpu_group_norm.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1,7 +1,7 @@
 // Group norm of fp32 NCHW tensors with its per-channel affine (cpu_group_norm.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 void det_group_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t groups,
                     double eps, at::Tensor& y, at::Tensor& mean, at::Tensor& rstd);

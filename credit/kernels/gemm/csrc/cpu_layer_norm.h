@@ -1,7 +1,7 @@
 // Layer norm over the last dimension of fp32 rows in a fixed order per row (cpu_layer_norm.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 void det_layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
                     at::Tensor& y, at::Tensor& normed, at::Tensor& rstd);

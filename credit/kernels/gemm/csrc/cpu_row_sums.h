@@ -2,7 +2,7 @@
 // gradient reduces, with the bits of the one-row GEMM over the padded rows.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <utility>
 
