@@ -98,7 +98,8 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -
     from credit.launch import LaunchStopped, launch
 
     try:
-        succeeded, ranks = launch(nproc, [command_name, *overrides], debug=os.environ.get(DEBUG_ENV) == "1")
+        succeeded, ranks = launch(nproc, main, [command_name, *overrides],
+                                 debug=os.environ.get(DEBUG_ENV) == "1")
     except LaunchStopped as stop:  # a scheduler's SIGTERM, ^C: the shell's code for that signal
         _fail(f"the launch got {stop}; its {nproc} ranks were stopped")
         sys.exit(128 + stop.signum)

@@ -31,7 +31,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # What every rank imports before its first step; the forkserver imports them once. This module
@@ -87,12 +87,10 @@ def _name_process(rank: str) -> None:
         pass
 
 
-def _rank(args: list[str], codes: str) -> None:
-    """One rank: the command's exit code goes to `codes`/RANK.code and is the process's."""
+def _rank(main: Callable[[list[str]], int], args: list[str], codes: str) -> None:
+    """One rank: `main(args)`'s exit code goes to `codes`/RANK.code and is the process's."""
     if _IMPORTED_IN != os.getpid():  # forked from the forkserver, which preloaded this module
         _end_with_parent(_IMPORTED_IN)
-    from credit.cli import main
-
     # ^C reaches every rank of the terminal's process group: end at once, as on SIGTERM (the
     # launcher says why), not through a KeyboardInterrupt whose clean-up could wait on peers
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -124,8 +122,10 @@ def _start_forkserver() -> None:
         os.environ.pop(LAUNCHER_ENV, None)
 
 
-def launch(nproc: int, args: Sequence[str], debug: bool = False) -> tuple[bool, list[int]]:
-    """Run `credit <args>` on `nproc` local ranks and wait for them. Returns whether the
+def launch(nproc: int, main: Callable[[list[str]], int], args: Sequence[str],
+           debug: bool = False) -> tuple[bool, list[int]]:
+    """Run `main(args)` (`credit.cli.main`: a module-level function, which reaches each rank
+    by name) on `nproc` local ranks and wait for them. Returns whether the
     agent saw every rank succeed, and the exit codes the ranks recorded (one per rank that
     got as far as recording it). Raises LaunchStopped when SIGTERM or SIGINT stopped the
     launch (the ranks stopped first)."""
@@ -144,7 +144,7 @@ def launch(nproc: int, args: Sequence[str], debug: bool = False) -> tuple[bool, 
         logging.disable(logging.ERROR)  # each failing rank prints its own one `error:` line
     with tempfile.TemporaryDirectory() as codes:
         try:
-            elastic_launch(config, _rank)(list(args), codes)
+            elastic_launch(config, _rank)(main, list(args), codes)
             succeeded = True
         except ChildFailedError as error:
             if debug:
