@@ -369,7 +369,7 @@ def _dispatch(args: list[str]) -> int:
         return _probe(rest)
     if command == "data":
         if rest[:1] == ["generate"]:
-            from credit.data.generate import main as generate_main
+            from credit.data.generate_command import main as generate_main
 
             return generate_main(rest[1:])
         if rest[:1] == ["stats"]:

@@ -342,7 +342,7 @@ def run_cli():
     import credit.config.load as load
     import credit.data.credit_gen2_generate as gen2
     import credit.data.credit_layout_generate as gen1
-    import credit.data.generate as generate
+    import credit.data.generate_command as generate  # the command, with the generator it calls
     import credit.data.stats as stats
     import credit.diagnostics.probe as probe
     import credit.plan.cli as plan_cli

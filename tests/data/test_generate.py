@@ -9,7 +9,8 @@ import xarray as xr
 from datahelpers import GRID, LEVELS
 
 from credit.data import generate_dataset
-from credit.data.generate import GenerateError, main
+from credit.data.generate import GenerateError
+from credit.data.generate_command import main
 from credit.data.physics import solar_geometry, toa_irradiance
 
 
