@@ -6,18 +6,15 @@ config) and returns this project's (key, value) pairs, or a refusal line naming 
 from __future__ import annotations
 
 import glob
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from credit.config.credit_paths import expand
+
 Convert = Callable[[Any, Mapping[str, Any]], "list[tuple[str, Any]] | str"]
-
-
-def expand(path: Any) -> str:
-    return os.path.expanduser(os.path.expandvars(str(path)))
 
 
 def years(key: str) -> Convert:

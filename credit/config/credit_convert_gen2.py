@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from credit.config.credit_convert import expand
+from credit.config.credit_paths import expand
 
 FIELD_TYPES = ("prognostic", "dynamic_forcing", "static", "diagnostic")
 # data.source.<NAME> keys read here; the others CREDIT's local dataset reads are refused by name
