@@ -5,6 +5,7 @@
 #   KIT_COMMIT=<hash> bash manual_tests/gpu/run.sh   # there; carry [".whl"]; prepare.sh prints it
 #                                                    # (the device's copy may hold stale git metadata)
 #   bash manual_tests/gpu/run.sh --dry-run    # here: the same steps on CPU at tiny sizes
+#   KIT_COMMIT=<hash> bash manual_tests/gpu/run.sh --sizes   # CREDIT's sizes instead (below)
 #
 # Steps: install the wheels with --no-index into a private folder and the project beside them
 # (the image's torch is left as it is); print the torch/triton/CUDA/GPU versions; the GPU
@@ -20,16 +21,27 @@
 # benchmarks/results/: kit_<gpu>.md (versions, steps, tests, training), gemm_<gpu>.md,
 # determinism_<gpu>.md (nextgen_wxformer), determinism_<gpu>_wxformer.md,
 # determinism_<gpu>_crossformer.md, kit_<gpu>.log (everything printed). Exit 0 when every step passed.
+#
+# --sizes: the kit at CREDIT's sizes, within 8 minutes: the kernel tests; benchmarks/gemm.py at
+# 4096^3 and at the projection shapes of CREDIT's 1-degree and 0.25-degree sections;
+# benchmarks/step_at_size.py, deterministic against fast steps of the three classes at the
+# 1-degree size (benchmarks/configs/wxformer_1deg.yml) with the fast step's MFU, and the fast
+# step's MFU at 0.25 degrees (its full 721 x 1440 grid, batch 1); benchmarks/determinism.py on
+# the default experiment. Files are named after the GPU and the commit: sizes_<gpu>_<commit>.md
+# (the report), .log, kernel_tests_, gemm_sizes_, step_1deg_, step_0.25deg_, determinism_.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 
 DRY_RUN=0
-case "${1:-}" in
-    --dry-run) DRY_RUN=1 ;;
-    "") ;;
-    *) echo "usage: run.sh [--dry-run]" >&2; exit 2 ;;
-esac
+SIZES=0
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) DRY_RUN=1 ;;
+        --sizes) SIZES=1 ;;
+        *) echo "usage: run.sh [--sizes] [--dry-run]" >&2; exit 2 ;;
+    esac
+done
 OUT=${OUT:-$REPO/gpu_kit_out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -57,8 +69,15 @@ elif [ -z "$GPU_NAME" ]; then
 else
     SLUG=$(echo "$GPU_NAME" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9\n' '_' | sed 's/__*/_/g; s/_$//')
 fi
-SUMMARY=$OUT/kit_$SLUG.md
-LOG=$OUT/kit_$SLUG.log
+COMMIT=${KIT_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+if (( SIZES )); then
+    NAME=${SLUG}_$COMMIT  # every file of a --sizes run: after the GPU and the commit
+    SUMMARY=$OUT/sizes_$NAME.md
+    LOG=$OUT/sizes_$NAME.log
+else
+    SUMMARY=$OUT/kit_$SLUG.md
+    LOG=$OUT/kit_$SLUG.log
+fi
 : > "$LOG"
 FAILED=()
 STEP_ROWS=()
@@ -74,9 +93,9 @@ say() { echo "$*" | tee -a "$LOG"; }
 # the report, rewritten after every step (what is not measured yet says so)
 report() {
     {
-        echo "# GPU kit: ${GPU_NAME:-dry run on CPU}"
+        echo "# GPU kit$( ((SIZES)) && echo ' at CREDIT'"'"'s sizes'): ${GPU_NAME:-dry run on CPU}"
         echo
-        echo "\`bash manual_tests/gpu/run.sh$( ((DRY_RUN)) && echo ' --dry-run')\` at ${KIT_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')}, $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - KIT_START )) s so far."
+        echo "\`bash manual_tests/gpu/run.sh$( ((SIZES)) && echo ' --sizes')$( ((DRY_RUN)) && echo ' --dry-run')\` at $COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - KIT_START )) s so far."
         echo
         echo "## Versions"
         echo
@@ -92,13 +111,23 @@ report() {
         echo
         echo "Kernel tests: ${KERNEL_RESULT:-no closing line from pytest (not run, or see the log)}"
         echo
-        echo "## One-GPU training of the default experiment ($TRAIN_STEPS steps)"
-        echo
-        echo "$TRAIN_TABLE"
-        echo
-        echo "Two deterministic runs hold the same bits (metrics and every checkpoint tensor): **$IDENTICAL**."
-        echo
-        echo "GEMM and determinism tables: gemm_$SLUG.md, determinism_$SLUG.md (nextgen_wxformer), determinism_${SLUG}_wxformer.md, determinism_${SLUG}_crossformer.md; everything printed: kit_$SLUG.log."
+        if (( SIZES )); then
+            echo "Tables: gemm_sizes_$NAME.md, step_1deg_$NAME.md, step_0.25deg_$NAME.md, determinism_$NAME.md; the kernel tests' output: kernel_tests_$NAME.log; everything printed: sizes_$NAME.log."
+            for table in step_1deg step_0.25deg; do
+                if [ -f "$OUT/${table}_$NAME.md" ]; then
+                    echo
+                    sed -n '/^| class/,/^$/p' "$OUT/${table}_$NAME.md"
+                fi
+            done
+        else
+            echo "## One-GPU training of the default experiment ($TRAIN_STEPS steps)"
+            echo
+            echo "$TRAIN_TABLE"
+            echo
+            echo "Two deterministic runs hold the same bits (metrics and every checkpoint tensor): **$IDENTICAL**."
+            echo
+            echo "GEMM and determinism tables: gemm_$SLUG.md, determinism_$SLUG.md (nextgen_wxformer), determinism_${SLUG}_wxformer.md, determinism_${SLUG}_crossformer.md; everything printed: kit_$SLUG.log."
+        fi
     } > "$SUMMARY"
 }
 
@@ -232,16 +261,62 @@ else
           --shapes gpu-square,experiment,credit:benchmarks/configs/wxformer_0.25deg.yml)
     DET_STEPS=12
 fi
+SECTION_1DEG=benchmarks/configs/wxformer_1deg.yml
+SECTION_025DEG=benchmarks/configs/wxformer_0.25deg.yml
+STEP_AT_SIZE=(--steps 6)
+if (( SIZES && DRY_RUN )); then
+    # the 1-degree section shrunk to a grid, widths and head size a CPU steps in seconds
+    SECTION_1DEG=$WORK/tiny_section.yml
+    SECTION_025DEG=$SECTION_1DEG
+    "$PYTHON" - "$SECTION_1DEG" <<'PY' >>"$LOG" 2>&1
+import sys, yaml
+conf = yaml.safe_load(open("benchmarks/configs/wxformer_1deg.yml"))
+conf["model"].update(image_height=40, image_width=80, dim=[8, 16, 32, 64], dim_head=4)
+conf["model"]["padding_conf"].update(pad_lat=[12, 12], pad_lon=[24, 24])
+yaml.safe_dump(conf, open(sys.argv[1], "w"))
+PY
+    STEP_AT_SIZE=(--steps 1)
+    GEMM=(--backends cpu,triton --dtypes float32 --threads 1 --repeat 1 --min-time 0.001 --whole-k
+          --shapes "credit:$SECTION_1DEG")
+elif (( SIZES )); then
+    GEMM=(--backends triton --dtypes bfloat16,float32 --repeat 3 --min-time 0.01 --whole-k
+          --shapes "gpu-square,credit:$SECTION_1DEG,credit:$SECTION_025DEG")
+fi
 TRAIN_COMMON=("${EXPERIMENT[@]}" trainer.device=$DEVICE trainer.max_steps=$TRAIN_STEPS
               trainer.progress_bar=false trainer.resume=never)
 
 # ------------------------------------------------------------------ the steps
 # the CPU dry run shares two cores with the rest of the suite: more time than a GPU needs
 TRAIN_LIMIT=$( ((DRY_RUN)) && echo 480 || echo 150)
-step "kernel tests" $( ((DRY_RUN)) && echo 480 || echo 200) "$PYTHON" -m pytest "${KERNEL_TESTS[@]}"
-# pytest's closing line, from the kernel tests' own part of the log
-KERNEL_RESULT=$(sed -n '/^=== kernel tests (/,/^=== kernel tests:/p' "$LOG" \
-    | grep -E "[0-9]+ (passed|failed|skipped|errors?)|tests? collected" | tail -n 1)
+kernel_tests() {
+    step "kernel tests" $( ((DRY_RUN)) && echo 480 || echo 200) "$PYTHON" -m pytest "${KERNEL_TESTS[@]}"
+    # pytest's closing line, from the kernel tests' own part of the log
+    KERNEL_RESULT=$(sed -n '/^=== kernel tests (/,/^=== kernel tests:/p' "$LOG" \
+        | grep -E "[0-9]+ (passed|failed|skipped|errors?)|tests? collected" | tail -n 1)
+}
+
+if (( SIZES )); then  # the step figures first: a lease can end before the kernel tests do
+    SIZE_LIMIT=$( ((DRY_RUN)) && echo 480 || echo 150)
+    step "benchmarks/step_at_size.py 1 degree, three classes" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_at_size.py \
+        --section "$SECTION_1DEG" --models nextgen_wxformer,wxformer,crossformer --device $DEVICE \
+        "${STEP_AT_SIZE[@]}" --out "$OUT/step_1deg_$NAME.md"
+    step "benchmarks/step_at_size.py 0.25 degree, fast" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_at_size.py \
+        --section "$SECTION_025DEG" --modes fast --device $DEVICE "${STEP_AT_SIZE[@]}" \
+        --out "$OUT/step_0.25deg_$NAME.md"
+    step "benchmarks/determinism.py" "$SIZE_LIMIT" "$PYTHON" benchmarks/determinism.py --device $DEVICE \
+        --steps $DET_STEPS --out "$OUT/determinism_$NAME.md" "${EXPERIMENT[@]}"
+    kernel_tests
+    sed -n '/^=== kernel tests (/,/^=== kernel tests:/p' "$LOG" > "$OUT/kernel_tests_$NAME.log"
+    step "benchmarks/gemm.py" 150 "$PYTHON" benchmarks/gemm.py "${GEMM[@]}" --out "$OUT/gemm_sizes_$NAME.md"
+    report
+    cat "$SUMMARY"
+    if (( ${#FAILED[@]} )); then
+        echo "failed steps: ${FAILED[*]}" >&2
+        exit 1
+    fi
+    exit 0
+fi
+kernel_tests
 
 step "train fast" "$TRAIN_LIMIT" "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=fast run_dir="$WORK/fast"
 step "train deterministic (1)" "$TRAIN_LIMIT" "${CREDIT[@]}" train "${TRAIN_COMMON[@]}" model.gemm=deterministic \
