@@ -21,6 +21,7 @@ from credit.kernels.gemm._ops import grouped_weight_grad, linear_local, row_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic import conv as det_conv
 from credit.models.deterministic.norms import channel_affine
+from credit.models.deterministic.slabs import fits, slab_conv2d
 
 _BACKEND = "auto"
 
@@ -45,9 +46,17 @@ def det_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def _matrix_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
     """The definition: im2col rows times the GEMM (any backend); a stride-1 convolution's
     input gradient the convolution of its output gradient (`det_conv.input_grad_is_a_convolution`)."""
-    if det_conv.input_grad_is_a_convolution(geometry):
+    stride_one = det_conv.input_grad_is_a_convolution(geometry)
+    if not fits(x, weight, geometry):  # the same bits a slab at a time (slabs.py)
+        return slab_conv2d(x, weight, bias, geometry, _adjoint(geometry) if stride_one else None)
+    if stride_one:
         return _StrideOneConv2d.apply(x, weight, bias, geometry)
     return _unfolded_conv2d(x, weight, bias, geometry)
+
+
+def _adjoint(geometry) -> ConvGeometry:
+    """The stride-1 convolution of g whose result defines a stride-1 convolution's dx."""
+    return ConvGeometry(tuple(geometry.kernel_size), (1, 1), det_conv.adjoint_padding(geometry), (1, 1))
 
 
 def _unfolded_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
@@ -93,8 +102,7 @@ class _StrideOneConv2d(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(rows, b, backend, x.dtype)
         if ctx.needs_input_grad[0]:
-            adjoint = ConvGeometry(tuple(geometry.kernel_size), (1, 1), det_conv.adjoint_padding(geometry), (1, 1))
-            gx = _unfolded_conv2d(g, det_conv.adjoint_weight(weight), None, adjoint)
+            gx = _unfolded_conv2d(g, det_conv.adjoint_weight(weight), None, _adjoint(geometry))
         return gx, gw, gb, None
 
 

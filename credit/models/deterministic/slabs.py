@@ -1,0 +1,173 @@
+"""The im2col convolution of deterministic mode in bounded memory: slabs of output rows.
+
+The definition (`layers._unfolded_conv2d`, the path of every backend but the CPU's gather
+kernels): each output is its im2col row times the weight by the fixed-tree GEMM, the weight
+gradient is the GEMM's row tree over each sample's positions padded to whole leaves, and the
+input gradient is the patch gradients folded in col2im's order. Its im2col matrix grows with
+the kernel's area: CREDIT's 1-degree cross-embedding (79 channels, a 32 x 32 kernel, 128 x 256
+outputs) makes one of 10.6 GB in fp32, which autograd kept for backward beside its gradient
+(the deterministic step peaked at 13.5x the fast one's memory on an H200).
+
+Here the same arithmetic runs on slabs of at most `budget` bytes of im2col rows, and only the
+input is kept for backward (its patches are unfolded again):
+- forward: a GEMM row never depends on the other rows, so slabs of output rows give its bits;
+- weight gradient: the row tree T(n) = T(ceil(n/2)) + T(floor(n/2)) over n leaves is split
+  on the host at its own split points until a subtree's rows fit, each subtree one GEMM over
+  its rows and the halves added in fp32, exactly as the tree adds them;
+- input gradient: each slab of input rows is folded from every output row whose patches
+  reach it, so each pixel sums the same terms in col2im's order.
+The bits equal the definition's on every backend (tests/models/test_det_conv_slabs.py).
+Hand-written because torch has no convolution with a caller-fixed reduction order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from credit.kernels.gemm import LEAF
+from credit.kernels.gemm._ops import _mm, linear_local, row_sum
+from credit.kernels.gemm._registry import resolve
+from credit.models.deterministic.conv import adjoint_weight
+
+SLAB_BYTES = 256 << 20
+"""im2col bytes a slab holds at most (a convolution whose whole matrix fits runs unsliced)."""
+
+
+class _Slabs:
+    """A convolution's sizes, and its patches unfolded for a range of output rows."""
+
+    def __init__(self, x: torch.Tensor, c_out: int, geometry, budget: int) -> None:
+        self.b, self.c_in, self.h, self.w = x.shape
+        (self.kh, self.kw), (self.sh, self.sw) = geometry.kernel_size, geometry.stride
+        (self.ph, self.pw), (self.dh, self.dw) = geometry.padding, geometry.dilation
+        self.hp, self.wp = self.h + 2 * self.ph, self.w + 2 * self.pw
+        self.ho = (self.hp - self.dh * (self.kh - 1) - 1) // self.sh + 1
+        self.wo = (self.wp - self.dw * (self.kw - 1) - 1) // self.sw + 1
+        self.k = self.c_in * self.kh * self.kw
+        self.c_out = c_out
+        row_bytes = self.wo * self.k * x.element_size()  # one output row's patches, one sample
+        self.rows = max(1, budget // max(1, row_bytes * self.b))  # output rows a slab holds
+        self.leaf_rows = max(1, budget // max(1, self.k * x.element_size()))  # GEMM rows a subtree holds
+
+    def patches(self, xp: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+        """(samples, (r1 - r0) x wo, K): the im2col rows of output rows r0 .. r1 - 1 of the
+        zero-padded input `xp`."""
+        top = r0 * self.sh
+        bottom = (r1 - 1) * self.sh + self.dh * (self.kh - 1) + 1
+        cols = F.unfold(xp[:, :, top:bottom], (self.kh, self.kw), dilation=(self.dh, self.dw),
+                        stride=(self.sh, self.sw))
+        return cols.transpose(1, 2)
+
+    def forward(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = xp.new_empty((self.b, self.c_out, self.ho, self.wo))
+        w2 = weight.reshape(self.c_out, -1)
+        for r0 in range(0, self.ho, self.rows):
+            r1 = min(self.ho, r0 + self.rows)
+            part = linear_local(self.patches(xp, r0, r1), w2, bias, "auto")
+            y[:, :, r0:r1] = part.transpose(1, 2).reshape(self.b, self.c_out, r1 - r0, self.wo)
+        return y
+
+    def input_grad(self, g_rows: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
+        """dx from g's rows (samples, ho x wo, C_out): slabs of padded input rows, each folded
+        from all the output rows that reach it."""
+        reach = self.dh * (self.kh - 1)  # input rows a patch spans, less one
+        height = max(1, (self.rows - 1) * self.sh - reach + 1)  # input rows a slab folds
+        w2 = weight.reshape(self.c_out, -1)
+        gxp = g_rows.new_zeros((self.b, self.c_in, self.hp, self.wp))
+        for i0 in range(0, self.hp, height):
+            i1 = min(self.hp, i0 + height)
+            r_lo = max(0, -(-(i0 - reach) // self.sh))
+            r_hi = min(self.ho, (i1 - 1) // self.sh + 1)
+            if r_lo >= r_hi:
+                continue  # rows no patch reaches keep a zero gradient
+            rows = g_rows[:, r_lo * self.wo:r_hi * self.wo].reshape(-1, self.c_out)
+            cols = _mm(rows, w2, backend, g_rows.dtype)  # the tree over C_out, as the definition's
+            top, span = r_lo * self.sh, (r_hi - 1 - r_lo) * self.sh + reach + 1
+            folded = F.fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, self.wp), (self.kh, self.kw),
+                            dilation=(self.dh, self.dw), stride=(self.sh, self.sw))
+            # rows between patches (stride > kernel) or past the last keep a zero gradient
+            start, end = max(i0, top), min(i1, top + span)
+            gxp[:, :, start:end] = folded[:, :, start - top:end - top]
+        return gxp[:, :, self.ph:self.ph + self.h, self.pw:self.pw + self.w]
+
+    def weight_grad(self, xp: torch.Tensor, g_rows: torch.Tensor, backend: str) -> torch.Tensor:
+        """dW (C_out, K): the row tree over the samples' positions, each sample padded to
+        whole leaves, split at the tree's own nodes into subtrees that fit."""
+        positions = self.ho * self.wo
+        padded = -(-positions // LEAF) * LEAF
+        leaves = self.b * padded // LEAF
+
+        def rows_of(q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:
+            g = g_rows.new_zeros((q1 - q0, self.c_out))
+            cols = xp.new_zeros((q1 - q0, self.k))
+            for s in range(q0 // padded, (q1 - 1) // padded + 1):
+                p0, p1 = max(q0 - s * padded, 0), min(q1 - s * padded, positions)
+                if p0 >= p1:
+                    continue  # padding rows only
+                r0, r1 = p0 // self.wo, -(-p1 // self.wo)
+                at = s * padded + p0 - q0
+                g[at:at + p1 - p0] = g_rows[s, p0:p1]
+                cols[at:at + p1 - p0] = self.patches(xp[s:s + 1], r0, r1)[0, p0 - r0 * self.wo:p1 - r0 * self.wo]
+            return g, cols
+
+        def subtree(lo: int, hi: int) -> torch.Tensor:
+            if hi - lo == 1 or (hi - lo) * LEAF <= self.leaf_rows:
+                g, cols = rows_of(lo * LEAF, hi * LEAF)
+                return _mm(g.t(), cols, backend, torch.float32)
+            mid = lo + -(-(hi - lo) // 2)  # T(n) = T(ceil(n/2)) + T(floor(n/2))
+            return subtree(lo, mid) + subtree(mid, hi)
+
+        return subtree(0, leaves)
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, geometry, budget: int = SLAB_BYTES) -> bool:
+    """Whether the whole im2col matrix of this convolution is within `budget` bytes."""
+    slabs = _Slabs(x, weight.shape[0], geometry, budget)
+    return slabs.rows >= slabs.ho and slabs.leaf_rows >= slabs.b * slabs.ho * slabs.wo
+
+
+class _SlabConv2d(torch.autograd.Function):
+    """The definition's convolution, forward and backward, a slab at a time."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, geometry, adjoint, budget):  # type: ignore[override]
+        slabs = _Slabs(x, weight.shape[0], geometry, budget)
+        xp = F.pad(x, (slabs.pw, slabs.pw, slabs.ph, slabs.ph))
+        ctx.save_for_backward(x, weight)
+        ctx.slabs, ctx.has_bias, ctx.adjoint, ctx.budget = slabs, bias is not None, adjoint, budget
+        return slabs.forward(xp, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        slabs = ctx.slabs
+        backend = resolve("auto", x.device)
+        g = grad.to(x.dtype)
+        # the GEMM's rows: (sample, position), channels last
+        g_rows = g.reshape(slabs.b, slabs.c_out, -1).transpose(1, 2).contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0] and ctx.adjoint is not None:  # dx defined as a convolution of g
+            adjoint = ctx.adjoint
+            gp = F.pad(g, (adjoint.padding[1],) * 2 + (adjoint.padding[0],) * 2)
+            w_adj = adjoint_weight(weight)
+            gx = _Slabs(g, w_adj.shape[0], adjoint, ctx.budget).forward(gp, w_adj, None)
+        elif ctx.needs_input_grad[0]:
+            gx = slabs.input_grad(g_rows, weight, backend)
+        if ctx.needs_input_grad[1]:
+            xp = F.pad(x, (slabs.pw, slabs.pw, slabs.ph, slabs.ph))
+            gw = slabs.weight_grad(xp, g_rows, backend).to(x.dtype).view(weight.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = row_sum(g_rows.view(-1, slabs.c_out), slabs.b, backend, x.dtype)
+        return gx, gw, gb, None, None, None
+
+
+def slab_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry,
+                adjoint=None, budget: int = SLAB_BYTES) -> torch.Tensor:
+    """The matrix path's convolution and gradients, bitwise, holding at most `budget` bytes
+    of im2col rows at a time. `adjoint`: the geometry whose convolution of g by the flipped,
+    transposed weight defines dx (`layers._StrideOneConv2d`); None: dx is the patch
+    gradients folded in col2im's order (`layers._unfolded_conv2d`)."""
+    return _SlabConv2d.apply(x, weight, bias, geometry, adjoint, budget)

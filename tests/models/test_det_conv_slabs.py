@@ -1,0 +1,82 @@
+"""The deterministic convolution a slab at a time (`credit.models.deterministic.slabs`, the
+GPU path for convolutions whose im2col matrix is large) is bitwise the matrix definition:
+output, input gradient (folded, or a convolution of g for stride 1), weight gradient (its
+row tree split at the tree's own nodes) and bias gradient, with slabs of one output row up
+to all of them; and it keeps only the input and the weight for backward."""
+
+import pytest
+import torch
+
+from credit.models.deterministic.layers import ConvGeometry, DetConv2d, _adjoint, _matrix_conv2d
+from credit.models.deterministic.slabs import SLAB_BYTES, fits, slab_conv2d
+from credit.models.deterministic import conv as det_conv
+
+
+def _run(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, upstream_seed: int):
+    xi, wi = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    bi = None if bias is None else bias.clone().requires_grad_(True)
+    y = conv(xi, wi, bi)
+    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(upstream_seed))
+    y.backward(upstream)
+    return y.detach(), xi.grad, wi.grad, None if bi is None else bi.grad
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, what
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"{what} differs"
+
+
+@pytest.mark.parametrize(
+    "c_in, c_out, kernel, stride, padding, grid, batch",
+    [
+        (3, 4, 8, 2, 3, (20, 24), 2),   # a cross-embedding: overlapping strided patches, folded dx
+        (5, 6, 4, 2, 1, (13, 18), 3),   # odd rows; 63 positions a sample: padded leaves
+        (4, 5, 3, 1, 1, (9, 13), 2),    # stride 1: dx the convolution of g
+        (6, 3, 5, 1, 2, (7, 11), 1),    # 5 x 5, one sample
+        (2, 3, 2, 2, 0, (10, 14), 2),   # disjoint patches
+        (6, 8, 2, 3, 0, (9, 11), 2),    # rows between patches: a zero gradient
+    ],
+)
+@pytest.mark.parametrize("slab_bytes", [1, 3000, 40000, SLAB_BYTES])  # one row per slab .. all
+def test_slabs_are_the_matrix_path_bitwise(c_in, c_out, kernel, stride, padding, grid, batch, slab_bytes):
+    torch.manual_seed(0)
+    layer = DetConv2d(c_in, c_out, kernel, stride=stride, padding=padding)
+    x = torch.randn(batch, c_in, *grid)
+    geometry = ConvGeometry(layer.kernel_size, layer.stride, layer.padding, layer.dilation)
+    adjoint = _adjoint(geometry) if det_conv.input_grad_is_a_convolution(geometry) else None
+    definition = _run(lambda a, w, b: _matrix_conv2d(a, w, b, geometry), x, layer.weight.detach(),
+                      layer.bias.detach(), upstream_seed=5)
+    slabs = _run(lambda a, w, b: slab_conv2d(a, w, b, geometry, adjoint, budget=slab_bytes), x,
+                 layer.weight.detach(), layer.bias.detach(), upstream_seed=5)
+    for what, a, b in zip(("output", "dx", "dW", "db"), definition, slabs):
+        _same_bits(a, b, what)
+
+
+def test_only_the_input_and_weight_are_kept_for_backward():
+    """The memory bound: autograd holds x and W, not the im2col rows nor their gradient."""
+    geometry = ConvGeometry((8, 8), (2, 2), (3, 3), (1, 1))
+    x = torch.randn(1, 3, 32, 32, requires_grad=True)
+    weight = torch.randn(4, 3, 8, 8, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        slab_conv2d(x, weight, None, geometry, None, budget=4096)
+    assert sum(saved) == x.numel() * 4 + weight.numel() * 4
+    # the definition keeps its 16 x 16 x 192 im2col rows
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _matrix_conv2d(x, weight, None, geometry)
+    assert max(saved) >= 16 * 16 * 192 * 4
+
+
+def test_a_large_convolution_takes_the_slab_path():
+    """CREDIT's 1-degree cross-embedding: its 10.6 GB im2col matrix is over the budget."""
+    geometry = ConvGeometry((32, 32), (2, 2), (15, 15), (1, 1))
+    x = torch.empty(1, 79, 256, 512, device="meta")
+    weight = torch.empty(4, 79, 32, 32, device="meta")
+    assert not fits(x, weight, geometry)
+    assert fits(torch.empty(1, 79, 16, 16, device="meta"), weight, geometry)
