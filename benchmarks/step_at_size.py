@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent))  # the benchmarks' own helpers (machine, op_families)
+
 # Dense tensor-core peaks of the datasheets, TFLOP/s (bf16; TF32 is half of it on these parts)
 BF16_PEAK = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "GH200": 989.0}
 TWO_WARMUP = 2
@@ -123,13 +125,14 @@ class Mode:
 
     def step(self) -> float:
         """One optimizer step; its seconds, the device synchronised at both ends."""
-        from credit.train.step import update_parameters
+        # through the trainer module's name, which op_families' profile ranges wrap
+        import credit.train.trainer as trainer_module
 
         sync(self.batch["state"].device)
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         self.forward_backward()
-        norm = update_parameters(self.model, self.optimizer, None, deterministic=self.deterministic, data="none",
+        norm = trainer_module.update_parameters(self.model, self.optimizer, None, deterministic=self.deterministic, data="none",
                                  grad_clip=self.cfg.trainer.grad_clip)
         float(norm)  # the trainer reads the norm every step
         sync(self.batch["state"].device)
@@ -153,6 +156,20 @@ class Mode:
         self.step()
         return self.held_bytes() + torch.cuda.max_memory_allocated(device) - base
 
+    def profiled(self) -> dict[str, dict[str, float]]:
+        """One step under torch.profiler: milliseconds by operation family (op_families.py),
+        "host" (self CPU time) and, on a GPU, "device" (kernel time)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from op_families import family_ranges, family_times
+
+        cuda = self.batch["state"].device.type == "cuda"
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        with family_ranges(self), profile(activities=activities) as prof:
+            self.step()
+        events = prof.events()
+        return {"host": family_times(events), **({"device": family_times(events, "device")} if cuda else {})}
+
     def flops(self) -> int:
         """FLOPs of one forward and backward, counted by torch's FlopCounterMode."""
         from torch.utils.flop_counter import FlopCounterMode
@@ -170,8 +187,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(overrides: list[str], modes: list[str], device: torch.device, batch: int, steps: int) -> dict:
-    """Interleaved step times, peaks and (fast) FLOPs of one class."""
+def measure(overrides: list[str], modes: list[str], device: torch.device, batch: int, steps: int,
+            profiled: int = 0) -> dict:
+    """Interleaved step times, peaks, (fast) FLOPs and `profiled` steps' families of one class."""
     built = {mode: Mode(overrides, mode, device, batch) for mode in modes}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     for i in range(steps + TWO_WARMUP):
@@ -184,6 +202,10 @@ def measure(overrides: list[str], modes: list[str], device: torch.device, batch:
               "parameters": built[modes[0]].parameters, "grid": built[modes[0]].grid}
     if "fast" in built:
         result["flops"] = built["fast"].flops()
+    result["families"] = {mode: [] for mode in modes}
+    for i in range(profiled):
+        for mode in (modes if i % 2 == 0 else modes[::-1]):
+            result["families"][mode].append(built[mode].profiled())
     del built
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -193,7 +215,6 @@ def measure(overrides: list[str], modes: list[str], device: torch.device, batch:
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {os.cpu_count()} CPU cores"
-    sys.path.insert(0, str(Path(__file__).parent))
     from machine import cpu_name
 
     return f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
@@ -219,6 +240,20 @@ def rows(name: str, result: dict, modes: list[str], peak: float | None) -> list[
     return ["| " + " | ".join(cells) + " |"]
 
 
+def family_tables(name: str, families: dict[str, list], modes: list[str], profiled: int) -> list[str]:
+    """Markdown tables of where each mode's step goes, by operation family and clock."""
+    from op_families import merge, table
+
+    clocks = {"host": "self CPU time", "device": "GPU kernel time"}
+    lines = []
+    for clock in [c for c in clocks if c in families[modes[0]][0]]:
+        runs = {m: merge([run[clock] for run in families[m]]) for m in modes}
+        det, fast = (runs.get(m, {k: 0.0 for k in runs[modes[0]]}) for m in ("deterministic", "fast"))
+        lines += ["", f"## {name}: median of {profiled} profiled steps per mode, {clocks[clock]} by operation "
+                      f"family", "", *table(det, fast)]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--section", type=Path, required=True, help="a YAML file with a CREDIT model: section")
@@ -228,6 +263,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="N profiled steps per mode after the timed ones: time by operation family")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args()
@@ -253,11 +290,15 @@ def main() -> None:
     if "fast" in modes:
         header += ["fast TFLOP per step", "fast TFLOP/s", "MFU (dense bf16 peak)"]
     table = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    profiles = []
     for model_class in classes:
         overrides = [*class_overrides(section, model_class), *args.overrides]
-        result = measure(overrides, modes, device, args.batch, args.steps)
-        table += rows(model_class or section.get("type", "?"), result, modes, peak)
+        result = measure(overrides, modes, device, args.batch, args.steps, args.profile)
+        name = model_class or section.get("type", "?")
+        table += rows(name, result, modes, peak)
         print(table[-1], flush=True)
+        if args.profile:
+            profiles += family_tables(name, result["families"], modes, args.profile)
     lines = [
         f"# Train steps at the size of {args.section} (batch {args.batch})",
         "",
@@ -269,7 +310,9 @@ def main() -> None:
         "",
         f"Reproduce: `python benchmarks/step_at_size.py --section {args.section} "
         f"{'--models ' + args.models + ' ' if args.models else ''}--modes {args.modes} --device {args.device} "
-        f"--batch {args.batch} --steps {args.steps}{''.join(' ' + o for o in args.overrides)}`",
+        f"--batch {args.batch} --steps {args.steps}{f' --profile {args.profile}' if args.profile else ''}"
+        f"{''.join(' ' + o for o in args.overrides)}`",
+        *profiles,
     ]
     text = "\n".join(lines) + "\n"
     print(text)

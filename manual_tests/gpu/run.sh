@@ -25,7 +25,8 @@
 # --sizes: the kit at CREDIT's sizes, within 8 minutes: the kernel tests; benchmarks/gemm.py at
 # 4096^3 and at the projection shapes of CREDIT's 1-degree and 0.25-degree sections;
 # benchmarks/step_at_size.py, deterministic against fast steps of the three classes at the
-# 1-degree size (benchmarks/configs/wxformer_1deg.yml) with the fast step's MFU, and the fast
+# 1-degree size (benchmarks/configs/wxformer_1deg.yml) with the fast step's MFU and one profiled
+# step per mode (time by operation family, host and GPU), and the fast
 # step's MFU at 0.25 degrees (its full 721 x 1440 grid, batch 1); benchmarks/determinism.py on
 # the default experiment. Files are named after the GPU and the commit: sizes_<gpu>_<commit>.md
 # (the report), .log, kernel_tests_, gemm_sizes_, step_1deg_, step_0.25deg_, determinism_.
@@ -297,9 +298,10 @@ kernel_tests() {
 
 if (( SIZES )); then  # the step figures first: a lease can end before the kernel tests do
     SIZE_LIMIT=$( ((DRY_RUN)) && echo 480 || echo 150)
-    step "benchmarks/step_at_size.py 1 degree, three classes" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_at_size.py \
-        --section "$SECTION_1DEG" --models nextgen_wxformer,wxformer,crossformer --device $DEVICE \
-        "${STEP_AT_SIZE[@]}" --out "$OUT/step_1deg_$NAME.md"
+    # the first deterministic step compiles the Triton kernels: 150 s was too short on an H200
+    step "benchmarks/step_at_size.py 1 degree, three classes" $( ((DRY_RUN)) && echo 480 || echo 300) \
+        "$PYTHON" benchmarks/step_at_size.py --section "$SECTION_1DEG" --models wxformer,crossformer,nextgen_wxformer \
+        --device $DEVICE "${STEP_AT_SIZE[@]}" --profile 1 --out "$OUT/step_1deg_$NAME.md"
     step "benchmarks/step_at_size.py 0.25 degree, fast" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_at_size.py \
         --section "$SECTION_025DEG" --modes fast --device $DEVICE "${STEP_AT_SIZE[@]}" \
         --out "$OUT/step_0.25deg_$NAME.md"

@@ -67,3 +67,43 @@ def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
     assert len(steps) == 9 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
     assert "**not checked (out of time)**" in kit
     assert "| fast | no finished run in" in kit
+
+
+@pytest.mark.timeout(1200)
+def test_sizes_dry_run_writes_every_table_named_after_the_commit(tmp_path):
+    """`run.sh --sizes`: the kit at CREDIT's sizes (1-degree steps of the three classes with
+    their profile, the 0.25-degree fast step, the default experiment, the kernel tests, the
+    GEMM table), on CPU at a shrunk section; every file named after the machine and the commit."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "KIT_COMMIT": "abc1234",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--sizes", "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=1200)
+    name = "cpu_dry_run_abc1234"
+    log = (out / f"sizes_{name}.log").read_text() if (out / f"sizes_{name}.log").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-6000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{kind}_{name}.{ext}" for kind, ext in [("determinism", "md"), ("gemm_sizes", "md"), ("kernel_tests", "log"),
+                                                 ("sizes", "log"), ("sizes", "md"), ("step_0.25deg", "md"),
+                                                 ("step_1deg", "md")])
+    report = (out / f"sizes_{name}.md").read_text()
+    steps = [line for line in report.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
+    assert [s.split("|")[1].strip() for s in steps] == [
+        "benchmarks/step_at_size.py 1 degree, three classes", "benchmarks/step_at_size.py 0.25 degree, fast",
+        "benchmarks/determinism.py", "kernel tests", "benchmarks/gemm.py"]
+    assert all(s.split("|")[2].strip() == "passed" for s in steps), report
+    assert "`bash manual_tests/gpu/run.sh --sizes --dry-run` at abc1234" in report
+
+    one_degree = (out / f"step_1deg_{name}.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in one_degree.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip() in ("wxformer", "crossformer", "nextgen_wxformer")}
+    # the padded classes run on the section's grid; nextgen_wxformer, which pads nothing, on the
+    # nearest grid its windows tile
+    assert rows == {"wxformer": "40x80", "crossformer": "40x80", "nextgen_wxformer": "64x128"}, one_degree
+    for model in rows:
+        assert f"## {model}: median of 1 profiled steps per mode, self CPU time by operation family" in one_degree
+    assert "| det / fast (per-pair range) |" in one_degree and "| fast TFLOP per step |" in one_degree
+    quarter = (out / f"step_0.25deg_{name}.md").read_text()
+    assert "| fast step (ms) |" in quarter and "deterministic step" not in quarter
+    gemm = (out / f"gemm_sizes_{name}.md").read_text()
+    assert "det forward as one chain over K (`--whole-k`)" in gemm and "## backend cpu on" in gemm
