@@ -41,6 +41,13 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
     return sums.detach(), scale
 
 
+def dynamic_clip_scale(dp_size: int, deterministic: bool) -> float:
+    """s in CREDIT's `grad_max_norm: dynamic` limit sqrt(s x the norm): its number of
+    data-parallel ranks; in deterministic mode 1 (CREDIT's one-process value) at every
+    layout, since there the layout changes no bit (the one deviation from CREDIT's arithmetic)."""
+    return 1.0 if deterministic else float(dp_size)
+
+
 def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh | None, *,
                       deterministic: bool, data: str, grad_clip: float,
                       dynamic_scale: float | None = None) -> torch.Tensor | float:

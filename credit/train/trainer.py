@@ -45,7 +45,7 @@ from credit.train.progress import TrainingProgress
 from credit.train.resume_config import apply_config_hyperparameters
 from credit.train.schedule import lambda_schedule, schedule_function
 from credit.train.sdc_response import SDCResponse
-from credit.train.step import backward_micro_batch, step_loss, update_parameters
+from credit.train.step import backward_micro_batch, dynamic_clip_scale, step_loss, update_parameters
 from credit.train.validation import evaluate, output_channel_variables
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,12 @@ class Trainer:
         )
         self.skipped_samples = 0  # data.nonfinite=skip_sample, in this process's batches
         self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._dynamic_clip_scale = (dynamic_clip_scale(runtime.dp_size, self.deterministic)
+                                    if cfg.trainer.grad_clip_dynamic else None)
+        if self._dynamic_clip_scale is not None and self.deterministic and runtime.dp_size > 1:
+            log.warning("trainer.grad_clip_dynamic (CREDIT's grad_max_norm: dynamic): deterministic mode clips "
+                        "to sqrt(the norm) at every layout, CREDIT's one-process limit, not sqrt(%d ranks x the "
+                        "norm), so this run's bits are one process's", runtime.dp_size)
 
     # ----------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -253,7 +259,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = float(update_parameters(self.model, self.optimizer, rt.mesh, deterministic=self.deterministic,
                                             data=trainer.parallelism.data, grad_clip=trainer.grad_clip,
-                                            dynamic_scale=float(rt.dp_size) if trainer.grad_clip_dynamic else None))
+                                            dynamic_scale=self._dynamic_clip_scale))
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model)

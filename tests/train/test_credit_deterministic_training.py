@@ -5,7 +5,9 @@ Earth padding, dropout 0.1, EMA on, CREDIT's tracer and mass-fixer post blocks (
 fixer after the model on wxformer, inside it on crossformer), one global batch of 4, 8 steps
 with validation at 4 and 8 (the older crossformer with its bilinear decoder and mixed decoder
 attention: 4 steps, validation at 2 and 4): one process against dp2 (FSDP2, 2 samples per
-rank), so the post blocks' global sums see 4 and 2 samples. Every metrics.csv value and every
+rank), so the post blocks' global sums see 4 and 2 samples; CREDIT's `grad_max_norm: dynamic`
+(its limit sqrt(ranks x the norm) in fast mode, sqrt(the norm) at every layout in deterministic
+mode). Every metrics.csv value and every
 final model, EMA and optimizer tensor equal bitwise. Tensor parallelism of both CREDIT
 models is bitwise at the model level (tests/parallel/test_credit_deterministic_tp.py); the
 whole (dp, tp) matrix through `credit train` is run on the default model
@@ -27,7 +29,8 @@ WXFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
                "model.padding_conf.pad_lon=[0,0]", "model.gemm=deterministic",
                "model.attn_dropout=0.1", "model.ff_dropout=0.1", "trainer.max_steps=8",
                "trainer.valid_every_n_steps=4", "trainer.checkpoint.every_n_steps=0",
-               "data.valid_samples=4", "trainer.ema.enabled=true"]
+               "data.valid_samples=4", "trainer.ema.enabled=true",
+               "trainer.grad_clip_dynamic=true"]  # CREDIT's grad_max_norm: dynamic, layout-free here
 # four steps with validation at 2 and 4: the decoder's bits through dp2, at half the cost
 CROSSFORMER = ["model=crossformer", "model.upsample_v_conv=true", "model.attention_type=mixed",
                *WXFORMER[1:], "trainer.max_steps=4", "trainer.valid_every_n_steps=2"]
