@@ -111,6 +111,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
         self._forcing_index, self._forcing_path = self._scan_forcing(files)
         self._static_path = self._single(files, "static") if self.names["static"] else None
         self._static_values = None
+        self.check_static(self._static_path)
         self._load_statistics(files)
         start, end = self.period
         self._starts = [(f, s) for f, times in enumerate(self._file_times) for s in range(len(times) - self._window())
@@ -205,6 +206,14 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
                                         f"std_path hold every upper-air, surface, dynamic-forcing and diagnostic "
                                         "variable")
                     values = np.asarray(ds[var].values)
+                    bad = ~np.isfinite(values) | ((values <= 0) if table is self._std else False)
+                    if np.any(bad):
+                        where = np.argwhere(np.atleast_1d(bad))[0]
+                        level = (f" at level {ds[var]['level'].values[where[0]]:g}"
+                                 if role == "upper_air" and "level" in ds[var].dims else "")
+                        raise DataError(f"{path}: the {'std' if table is self._std else 'mean'} of {var!r}{level} is "
+                                        f"{float(np.atleast_1d(values)[tuple(where)])}; it must be finite"
+                                        f"{' and > 0 (the values are divided by it)' * (table is self._std)}")
                     if role == "upper_air":
                         stat_levels = np.asarray(ds[var]["level"].values, dtype=np.float64)
                         if not np.array_equal(stat_levels, self.level_values):

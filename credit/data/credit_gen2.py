@@ -151,6 +151,7 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                       if self._has(role)}
         self._static_path = self._role_files(files, "static")[0][0] if self.names["static"] else None
         self._scan_grid(levels)
+        self.check_static(self._static_path, drop="time")
         self._load_statistics(files, stats_levels)
         self._static_values: np.ndarray | None = None
         start, end = parse_period(tuple(period))

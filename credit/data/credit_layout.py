@@ -1,12 +1,14 @@
 """What CREDIT's two dataset readers (`credit_gen1`, `credit_gen2`) share: the grid, the
 levels and the channel names of a sample, from the reader's `names` (role -> variables),
-`level_values`, `_lat`, `_lon` and `_stores` (open files)."""
+`level_values`, `_lat`, `_lon` and `_stores` (open files, `_store(path)`); the static file's check."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
+
+from .catalog import DataError
 
 _OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
 
@@ -17,6 +19,21 @@ class CreditLayout:
     _lat: np.ndarray
     _lon: np.ndarray
     _stores: dict
+
+    def check_static(self, path, drop: str | None = None) -> None:
+        """Each static variable in `path` and on the data's grid (they are read at the first
+        sample; a wrong grid would fail there, in a reshape). `drop`: a dimension the reader
+        takes the first entry of."""
+        if path is None:
+            return
+        ds = self._store(path)
+        for var in self.names["static"]:
+            if var not in ds.data_vars:
+                raise DataError(f"{path} has no static variable {var!r}; it holds {sorted(ds.data_vars)}")
+            shape = tuple(int(n) for d, n in zip(ds[var].dims, ds[var].shape) if d != drop)
+            if tuple(n for n in shape if n != 1) != tuple(self.grid_shape):
+                raise DataError(f"{path}: static variable {var!r} has shape {shape}, not the data's grid "
+                                f"{tuple(self.grid_shape)} (latitude x longitude)")
 
     @property
     def levels(self) -> list[float]:

@@ -128,3 +128,41 @@ def test_mismatches_name_the_file_and_the_key(tmp_path):
                  files=dict(upper_air="era5_*.nc", surface="era5_2000.nc", dynamic_forcing="era5_*.nc",
                             diagnostic="era5_*.nc", forcing="forcing.nc", static="static.nc", mean="mean.nc",
                             std="std.nc"))
+
+
+def _fixture_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", root)
+    return root
+
+
+def test_a_zero_or_missing_std_is_one_error_naming_the_file_variable_and_level(tmp_path):
+    """A std of 0 would divide every value of that channel into inf or NaN: a NaN loss at step 1."""
+    import xarray as xr
+
+    expected = _expected("A")
+    for var, level, value, match in [("T", 1, 0.0, r"std of 'T' at level 700 is 0\.0; it must be finite and > 0"),
+                                     ("SP", None, np.nan, r"std of 'SP' is nan; it must be finite and > 0")]:
+        root = _fixture_copy(tmp_path / var)
+        with xr.open_dataset(root / "std.nc") as ds:
+            std = ds.load()
+        if level is None:
+            std[var] = std[var].copy(data=value)
+        else:
+            std[var][level] = value
+        std.to_netcdf(root / "std.nc")
+        with pytest.raises(DataError, match=str(root / "std.nc").replace(".", r"\.") + ": the " + match):
+            _dataset(expected["config"], "train", root=root)
+
+
+def test_a_static_file_on_another_grid_is_one_error_before_any_sample(tmp_path):
+    import xarray as xr
+
+    expected = _expected("A")
+    root = _fixture_copy(tmp_path)
+    with xr.open_dataset(root / "static.nc") as ds:
+        coarse = ds.load().isel(latitude=slice(0, 8), longitude=slice(0, 8))
+    coarse.to_netcdf(root / "static.nc")
+    with pytest.raises(DataError, match=r"static\.nc: static variable 'Z_GDS4_SFC' has shape \(8, 8\), not the "
+                                        r"data's grid \(9, 16\)"):
+        _dataset(expected["config"], "train", root=root)

@@ -129,3 +129,14 @@ def test_bad_files_fail_with_one_line_naming_them(tmp_path):
     train, _ = _datasets(config, data, "data.credit.files.mean=" + str(FIXTURE / "data" / "mean.nc"))
     with pytest.raises(DataError, match="ERA5_all_2000.nc has no time 2001-"):  # one file serves every time
         train[len(train) - 1]
+
+
+def test_a_static_store_on_another_grid_is_one_error_before_any_sample(tmp_path):
+    expected = _expected("A")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    with xr.open_dataset(FIXTURE / "data" / "static.nc") as static:
+        lat, lon = (d for d in static.dims if d != "time")
+        static.isel({lat: slice(0, 2)}).load().to_netcdf(data / "static.nc")
+    with pytest.raises(DataError, match=r"static\.nc: static variable '\w+' has shape \(.*\), not the data's grid"):
+        _datasets(_placed(expected["config"], data), data)
