@@ -269,7 +269,10 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
                 "index": torch.tensor(int(index), dtype=torch.int64), "skipped": torch.tensor(0)}
 
     def _read(self, role: str, f: int, var: str, rows: np.ndarray) -> np.ndarray:
-        return np.asarray(self._store(self.files[role][f])[var].isel(time=rows).values)
+        path = self.files[role][f]
+        values = np.asarray(self._store(path)[var].isel(time=rows).values)
+        return self.check_finite(values, var, path, self._file_times[f][rows],
+                                 self.level_values if role == "upper_air" else None)
 
     def _state(self, f: int, rows: np.ndarray, with_diagnostic: bool) -> np.ndarray:
         parts = [_normalize(self._read("upper_air", f, v, rows), self._mean[v], self._std[v])

@@ -327,9 +327,12 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     def _field(self, role: str, var: str, t: int) -> np.ndarray:
         path = self._file_at(role, t)
         da = self._store(path)[var].isel(time=self._row(path, t))
-        if var in self.names["upper_air"]:
+        upper = var in self.names["upper_air"]
+        if upper:
             da = da.transpose(self.level_coord, ...).isel({self.level_coord: self._level_rows})
-        return self._normalized(var, da.values)
+        values = self.check_finite(np.asarray(da.values)[None], var, path, np.array([t]),
+                                   self.level_values if upper else None)[0]
+        return self._normalized(var, values)
 
     def _state(self, t: int, with_diagnostic: bool) -> np.ndarray:
         parts = [self._field("prognostic", v, t) for v in self.names["upper_air"]]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .catalog import DataError
+from .integrity import NonFiniteData, nonfinite_problem
 
 _OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
 
@@ -19,6 +20,17 @@ class CreditLayout:
     _lat: np.ndarray
     _lon: np.ndarray
     _stores: dict
+
+    @staticmethod
+    def check_finite(values: np.ndarray, var: str, path, times: np.ndarray | None,
+                     levels: Sequence[float] | None) -> np.ndarray:
+        """`values` ((T, [L,] H, W) just read), or one error naming the file, variable, time
+        and level of the first NaN or inf (a missing zarr chunk reads as its fill value, NaN)."""
+        problem = nonfinite_problem(values, var, path, times, levels,
+                                    remedy="CREDIT's layouts are read as they are: repair or fill the file")
+        if problem:
+            raise NonFiniteData(problem)
+        return values
 
     def check_static(self, path, drop: str | None = None) -> None:
         """Each static variable in `path` and on the data's grid (they are read at the first

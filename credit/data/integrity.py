@@ -60,9 +60,11 @@ def missing_times_problem(
 
 
 def nonfinite_problem(values: np.ndarray, var: str, info: FileInfo, times: np.ndarray | None,
-                      levels: Sequence[float] | None) -> str | None:
-    """None when `values` ((T, [L,] H, W) read from `info` at `times`) are all finite; else
-    where the first NaN or inf is."""
+                      levels: Sequence[float] | None,
+                      remedy: str = "set data.nonfinite=skip_sample to train without the samples that read them",
+                      ) -> str | None:
+    """None when `values` ((T, [L,] H, W) read from `info` (a FileInfo or a path) at `times`)
+    are all finite; else where the first NaN or inf is, and `remedy`."""
     # A finite sum proves every element finite (NaN and inf propagate through a sum; an
     # overflow only sends the check below), and costs one read of `values` and no mask.
     if np.isfinite(values.sum()):
@@ -78,5 +80,5 @@ def nonfinite_problem(values: np.ndarray, var: str, info: FileInfo, times: np.nd
     if levels is not None:
         at.append(f"level {levels[first[1]]:g}")
     where = f" at {', '.join(at)}" if at else ""
-    return (f"{int(bad.sum())} non-finite values ({kind} first) in {var!r} of {info.path}{where}; "
-            f"set data.nonfinite=skip_sample to train without the samples that read them")
+    path = getattr(info, "path", info)
+    return f"{int(bad.sum())} non-finite values ({kind} first) in {var!r} of {path}{where}; {remedy}"

@@ -166,3 +166,19 @@ def test_a_static_file_on_another_grid_is_one_error_before_any_sample(tmp_path):
     with pytest.raises(DataError, match=r"static\.nc: static variable 'Z_GDS4_SFC' has shape \(8, 8\), not the "
                                         r"data's grid \(9, 16\)"):
         _dataset(expected["config"], "train", root=root)
+
+
+def test_a_nan_in_a_data_file_is_one_error_naming_file_variable_time_and_level(tmp_path):
+    import xarray as xr
+
+    expected = _expected("A")
+    root = _fixture_copy(tmp_path)
+    with xr.open_dataset(root / "era5_2000.nc") as ds:
+        data = ds.load()
+    data["T"][0, 2, 1, 1] = np.nan  # the first time, the third level
+    data.to_netcdf(root / "era5_2000.nc")
+    first = str(data.time.values[0].astype("datetime64[s]"))
+    dataset = _dataset(expected["config"], "train", root=root)
+    with pytest.raises(DataError, match=rf"1 non-finite values \(NaN first\) in 'T' of .*era5_2000\.nc at time "
+                                        rf"{first}, level 850; CREDIT's layouts are read as they are"):
+        dataset[0]

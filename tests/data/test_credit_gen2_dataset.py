@@ -140,3 +140,19 @@ def test_a_static_store_on_another_grid_is_one_error_before_any_sample(tmp_path)
         static.isel({lat: slice(0, 2)}).load().to_netcdf(data / "static.nc")
     with pytest.raises(DataError, match=r"static\.nc: static variable '\w+' has shape \(.*\), not the data's grid"):
         _datasets(_placed(expected["config"], data), data)
+
+
+def test_a_nan_read_is_one_error_naming_file_variable_and_time(tmp_path):
+    """A missing zarr chunk reads as its fill value, NaN: the same error, not a NaN loss."""
+    expected = _expected("A")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    with xr.open_dataset(FIXTURE / "data" / "ERA5_all_2000.nc") as ds:
+        values = ds.load()
+    var = next(v for v in values.data_vars if values[v].ndim == 3 and "time" in values[v].dims)
+    values[var][:] = np.nan
+    values.to_netcdf(data / "ERA5_all_2000.nc")
+    train, _ = _datasets(_placed(expected["config"], data), data)
+    with pytest.raises(DataError, match=rf"non-finite values \(NaN first\) in '{var}' of .*ERA5_all_2000\.nc at "
+                                        rf"time 2000-"):
+        train[0]
