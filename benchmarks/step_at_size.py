@@ -248,9 +248,15 @@ def family_tables(name: str, families: dict[str, list], modes: list[str], profil
     lines = []
     for clock in [c for c in clocks if c in families[modes[0]][0]]:
         runs = {m: merge([run[clock] for run in families[m]]) for m in modes}
-        det, fast = (runs.get(m, {k: 0.0 for k in runs[modes[0]]}) for m in ("deterministic", "fast"))
         lines += ["", f"## {name}: median of {profiled} profiled steps per mode, {clocks[clock]} by operation "
-                      f"family", "", *table(det, fast)]
+                      f"family", ""]
+        if len(modes) == 2:
+            lines += table(runs["deterministic"], runs["fast"])
+        else:  # one mode: its times alone
+            only = runs[modes[0]]
+            lines += [f"| family | {modes[0]} (ms) |", "| --- | --- |",
+                      *(f"| {family} | {ms:.1f} |" for family, ms in only.items()),
+                      f"| **total (profiled)** | {sum(only.values()):.1f} |"]
     return lines
 
 
