@@ -69,3 +69,24 @@ def test_a_post_block_naming_no_channel_of_the_data_is_one_error_line(tiny_data,
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "post_conf.tracer_fixer.tracer_name=['QQ'] names no output channel" in errors[0]
+
+
+def test_deterministic_training_on_credits_gen1_files_with_the_tracer_fixer(tmp_path):
+    """CREDIT's gen1 statistics files are float64; its scaler applies them to the float32
+    forecast without promoting it, and so must the post blocks here (a float64 forecast
+    stopped the first deterministic step, whose fixed-order sums take float32)."""
+    import yaml
+
+    data = tmp_path / "data"
+    generated = _credit("data", "generate", "--out", str(data), "--layout", "credit-gen1", "--grid", "16x32",
+                        "--years", "2000", "2001", "--days-per-year", "4", "--no-progress")
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    conf = yaml.safe_load((data / "credit.yml").read_text())
+    conf["model"]["post_conf"] = {"activate": True, "tracer_fixer": {
+        "activate": True, "denorm": True, "tracer_name": [conf["data"]["variables"][-1]], "tracer_thres": ["1e-10"]}}
+    (data / "tracer.yml").write_text(yaml.safe_dump(conf))
+    trained = _credit("train", "--credit-config", str(data / "tracer.yml"), "model.gemm=deterministic",
+                      f"run_dir={tmp_path / 'run'}", "trainer.max_steps=2", "trainer.progress_bar=false",
+                      "trainer.valid_every_n_steps=0", "data.valid_samples=2")
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    assert "tracer_fixer" in trained.stdout + trained.stderr

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -117,8 +118,10 @@ def run_post_blocks(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], d
     levels = len(data_cfg["levels"]) if variables["upper_air"] else 0
     output = ([name for name in variables["upper_air"] for _ in range(levels)] + list(variables["surface"])
               + list(variables["diagnostic"]))
-    layout = ChannelLayout(output, len(variables["upper_air"]) * levels + len(variables["surface"]),
-                           torch.from_numpy(dataset.target_mean), torch.from_numpy(dataset.target_std),
+    # float32 statistics, as CREDIT's scaler applies its per-level 0-d tensors to the float32
+    # forecast: float64 ones (CREDIT's gen1 files) would promote the forecast to float64
+    stats = [torch.from_numpy(np.asarray(s, dtype=np.float32)) for s in (dataset.target_mean, dataset.target_std)]
+    layout = ChannelLayout(output, len(variables["upper_air"]) * levels + len(variables["surface"]), *stats,
                            normalized=bool(data_cfg["normalize"]))
     physics_path = None
     if data_cfg.get("physics_file"):
