@@ -15,7 +15,9 @@ input is kept for backward (its patches are unfolded again):
   on the host at its own split points until a subtree's rows fit, each subtree one GEMM over
   its rows and the halves added in fp32, exactly as the tree adds them;
 - input gradient: each slab of input rows is folded from every output row whose patches
-  reach it, so each pixel sums the same terms in col2im's order.
+  reach it, so each pixel sums the same terms in col2im's order. A slab is at least one
+  patch high, so its patch gradients may exceed `budget` for a tall kernel (32 rows at
+  stride 2: 32 output rows at a time).
 The bits equal the definition's on every backend (tests/models/test_det_conv_slabs.py).
 Hand-written because torch has no convolution with a caller-fixed reduction order.
 """
@@ -73,7 +75,10 @@ class _Slabs:
         """dx from g's rows (samples, ho x wo, C_out): slabs of padded input rows, each folded
         from all the output rows that reach it."""
         reach = self.dh * (self.kh - 1)  # input rows a patch spans, less one
-        height = max(1, (self.rows - 1) * self.sh - reach + 1)  # input rows a slab folds
+        # input rows a slab folds: at least a patch's height, so each patch gradient is computed
+        # at most about twice (a slab needs every output row whose patch reaches it; a 32-row
+        # kernel at stride 2 would otherwise recompute each 16 times)
+        height = max((self.rows - 1) * self.sh - reach + 1, reach + 1)
         w2 = weight.reshape(self.c_out, -1)
         gxp = g_rows.new_zeros((self.b, self.c_in, self.hp, self.wp))
         for i0 in range(0, self.hp, height):
