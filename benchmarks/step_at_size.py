@@ -39,6 +39,8 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))  # the benchmarks' own helpers (machine, op_families)
+from determinism import report  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 # Dense tensor-core peaks of the datasheets, TFLOP/s (bf16; TF32 is half of it on these parts)
 BF16_PEAK = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "GH200": 989.0}
@@ -215,8 +217,6 @@ def measure(overrides: list[str], modes: list[str], device: torch.device, batch:
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {os.cpu_count()} CPU cores"
-    from machine import cpu_name
-
     return f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
@@ -320,10 +320,7 @@ def main() -> None:
         f"{''.join(' ' + o for o in args.overrides)}`",
         *profiles,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":
