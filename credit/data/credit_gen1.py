@@ -37,6 +37,7 @@ import torch
 
 from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
 from .credit_layout import CreditLayout
+from .statistics_files import first_unusable
 
 FILE_ROLES = ("upper_air", "surface", "dynamic_forcing", "diagnostic")  # yearly files, paired by year
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")
@@ -206,13 +207,12 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
                                         f"std_path hold every upper-air, surface, dynamic-forcing and diagnostic "
                                         "variable")
                     values = np.asarray(ds[var].values)
-                    bad = ~np.isfinite(values) | ((values <= 0) if table is self._std else False)
-                    if np.any(bad):
-                        where = np.argwhere(np.atleast_1d(bad))[0]
+                    where = first_unusable(values, table is self._std)
+                    if where is not None:
                         level = (f" at level {ds[var]['level'].values[where[0]]:g}"
                                  if role == "upper_air" and "level" in ds[var].dims else "")
                         raise DataError(f"{path}: the {'std' if table is self._std else 'mean'} of {var!r}{level} is "
-                                        f"{float(np.atleast_1d(values)[tuple(where)])}; it must be finite"
+                                        f"{float(np.atleast_1d(values)[where])}; it must be finite"
                                         f"{' and > 0 (the values are divided by it)' * (table is self._std)}")
                     if role == "upper_air":
                         stat_levels = np.asarray(ds[var]["level"].values, dtype=np.float64)

@@ -10,6 +10,14 @@ import numpy as np
 from .catalog import DataError, level_index, open_store, scan_file
 
 
+def first_unusable(values: np.ndarray, is_std: bool) -> tuple[int, ...] | None:
+    """The index of the first statistic the data cannot be normalised with (non-finite, or a
+    std <= 0: the values are divided by it), or None: the one rule for both dataset layouts."""
+    values = np.atleast_1d(np.asarray(values))
+    bad = ~np.isfinite(values) | ((values <= 0) if is_std else False)
+    return tuple(int(i) for i in np.argwhere(bad)[0]) if bad.any() else None
+
+
 def read_statistics(role_paths: dict[str, list[Path]], globs: Mapping[str, str], spec,
                     levels: tuple[float, ...], level_dim: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(mean, std) per channel of each group ("state", "forcing", "static", "target") from
@@ -36,7 +44,7 @@ def read_statistics(role_paths: dict[str, list[Path]], globs: Mapping[str, str],
                     raise DataError(f"{role} of {var!r} in {src} has dims {da.dims}; expected a scalar"
                                     + (f" or a {level_dim!r} profile" if var in spec.upper_air else ""))
                 vals = np.asarray(vals, np.float64).reshape(-1)
-                if not np.all(np.isfinite(vals)) or (role == "std" and np.any(vals <= 0)):
+                if first_unusable(vals, role == "std") is not None:
                     raise DataError(f"{role} of {var!r} in {src} must be finite{' and > 0' * (role == 'std')}, "
                                     f"got {vals.tolist()}")
                 stats[(role, var)] = vals

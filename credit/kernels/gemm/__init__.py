@@ -39,11 +39,12 @@ across backends (leaf-internal order differs on tensor cores).
 from ._module import DetLinear
 from ._ops import SUPPORTED_DTYPES, det_linear, det_mm
 from ._registry import BACKENDS, BackendUnavailableError, available_backends
-from ._tree import LEAF
+from ._tree import LEAF, left_leaves
 
 __all__ = [
     "BACKENDS",
     "LEAF",
+    "left_leaves",
     "SUPPORTED_DTYPES",
     "BackendUnavailableError",
     "DetLinear",

@@ -30,6 +30,12 @@ LEAF = 32
 """Number of consecutive K elements accumulated sequentially in one leaf."""
 
 
+def left_leaves(n: int) -> int:
+    """Leaves in the left subtree of the tree over ``n``: T(n) = T(ceil(n/2)) + T(floor(n/2)),
+    the one split rule every kernel, host recursion and slab follows."""
+    return (n + 1) // 2
+
+
 def num_leaves(k: int) -> int:
     """Number of leaves for a reduction of length ``k`` (0 for ``k == 0``)."""
     return -(-k // LEAF)
@@ -53,7 +59,7 @@ def merge_schedule(n: int) -> tuple[tuple[int, ...], int]:
         lo, cnt = todo.pop()
         if cnt == 1:
             continue
-        left = (cnt + 1) // 2
+        left = left_leaves(cnt)
         # This node's addition happens after its right subtree's last leaf.
         merges[lo + cnt - 1] += 1
         todo.append((lo + left, cnt - left))
@@ -87,5 +93,5 @@ def tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     n = len(parts)
     if n == 1:
         return parts[0]
-    left = (n + 1) // 2
+    left = left_leaves(n)
     return tree_sum(parts[:left]) + tree_sum(parts[left:])

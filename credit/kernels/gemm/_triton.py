@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ._tree import LEAF, num_leaves
+from ._tree import LEAF, left_leaves, num_leaves
 
 
 def _interpret_env() -> bool:
@@ -147,7 +147,7 @@ def _tree_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, tk,
     if levels > 1 and (M * N * 4 << levels) > PARTIALS_BYTES:
         # a tall tree over a large output: T(n) = T(ceil(n/2)) + T(floor(n/2)) on the host,
         # each half exactly the subtree over its leaves, so two smaller buffers at a time
-        split = -(-n // 2) * LEAF
+        split = left_leaves(n) * LEAF
         left = _tree_mm(a[:, :split], b[:split], torch.float32, tk, limits)
         right = _tree_mm(a[:, split:], b[split:], torch.float32, tk, limits)
         return (left + right).to(out_dtype)

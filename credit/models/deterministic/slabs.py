@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from credit.kernels.gemm import LEAF
+from credit.kernels.gemm import LEAF, left_leaves
 from credit.kernels.gemm._ops import _mm, linear_local, row_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic.conv import adjoint_weight
@@ -121,7 +121,7 @@ class _Slabs:
             if hi - lo == 1 or (hi - lo) * LEAF <= self.leaf_rows:
                 g, cols = rows_of(lo * LEAF, hi * LEAF)
                 return _mm(g.t(), cols, backend, torch.float32)
-            mid = lo + -(-(hi - lo) // 2)  # T(n) = T(ceil(n/2)) + T(floor(n/2))
+            mid = lo + left_leaves(hi - lo)
             return subtree(lo, mid) + subtree(mid, hi)
 
         return subtree(0, leaves)
