@@ -57,7 +57,7 @@ def bf16_peak(name: str) -> float | None:
 
 def class_overrides(section: dict, model_class: str | None) -> list[str]:
     """`model=...` overrides that build `section`, or the same sizes as `model_class`."""
-    from credit.checkpoint.from_credit import model_overrides
+    from credit.interop.checkpoint_import import model_overrides
     from credit.models.credit.config import DEFAULTS, resolve_credit_model
 
     kind, values = resolve_credit_model(section, warn=False)

@@ -129,8 +129,8 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     if at + 1 >= len(args):
         raise ValueError("--credit-config needs the path of a CREDIT config file")
     path = args[at + 1]
-    from credit.checkpoint.from_credit import describe_credit_model
-    from credit.config.credit_file import map_credit_file
+    from credit.interop.checkpoint_import import describe_credit_model
+    from credit.interop.config_file import map_credit_file
     from credit.models.credit.checkpoint import read_credit_config
 
     lines, refused, model_overrides = describe_credit_model(path)
@@ -259,7 +259,7 @@ def _convert(args: Sequence[str]) -> int:
 
     configure_logging()
     if credit_config is not None:
-        from credit.checkpoint.from_credit import convert_credit_checkpoint
+        from credit.interop.checkpoint_import import convert_credit_checkpoint
 
         try:
             model_overrides = convert_credit_checkpoint(credit_config, source, out, overrides)

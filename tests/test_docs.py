@@ -336,12 +336,12 @@ def shell_commands(page: Page) -> list[Command]:
 def run_cli():
     """`credit.cli.main` with everything after parsing and composition stubbed out: returns
     (exit code, the `error:` line or "")."""
-    import credit.checkpoint.from_credit as from_credit
+    import credit.interop.checkpoint_import as from_credit
     import credit.checkpoint.weights as weights
     import credit.cli as cli
     import credit.config.load as load
-    import credit.data.credit_gen2_generate as gen2
-    import credit.data.credit_layout_generate as gen1
+    import credit.interop.generate_gen2 as gen2
+    import credit.interop.generate_gen1 as gen1
     import credit.data.generate_command as generate  # the command, with the generator it calls
     import credit.data.stats as stats
     import credit.diagnostics.probe as probe

@@ -6,7 +6,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "credit"
 FLOORS = {"cli": 5, "launch": 5, "plan": 4, "train": 3, "rollout": 3, "diagnostics": 3, "checkpoint": 2,
-          "config": 1, "data": 1, "models": 1, "parallel": 1, "kernels": 1, "logs": 1, "conf": 1,
+          "data": 2, "interop": 2, "config": 1, "models": 1, "parallel": 1, "kernels": 1, "logs": 1, "conf": 1,
           "compat": 0}
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from credit.checkpoint.credit_training import load_credit_training_state
+from credit.interop.training_state import load_credit_training_state
 from credit.checkpoint.weights import load_model_weights
 from credit.checkpoint.manager import CheckpointManager, checkpoint_problem, load_checkpoint
 from credit.checkpoint.strict import check_stored_weights, check_weights, stored_shapes

@@ -60,7 +60,7 @@ class CreditFiles:
 @dataclass
 class CreditDataConfig:
     """`data.layout=credit-gen1|credit-gen2`: CREDIT's files as CREDIT's datasets read them
-    (credit/data/credit_gen1.py, credit_gen2.py). `data.variables.forcing` are CREDIT's
+    (credit/interop/data_gen1.py, data_gen2.py). `data.variables.forcing` are CREDIT's
     `dynamic_forcing_variables` (z-scored, from the yearly files); `forcing_file_variables`
     are its `forcing_variables` (one leap-year file, as stored)."""
 
@@ -69,7 +69,7 @@ class CreditDataConfig:
     skip_periods: int = 1  # input frames every k file steps; history_len counts file steps
     static_first: bool = True  # the forcing block: static, dynamic forcing, forcing (else static last)
     clamp: Optional[List[float]] = None  # CREDIT's data_clamp: [low, high] after normalisation
-    # gen2 (credit/data/credit_gen2.py): the master clock's step, the files' level coordinate,
+    # gen2 (credit/interop/data_gen2.py): the master clock's step, the files' level coordinate,
     # and the era5_normalizer's `levels` (1-indexed positions on its files' level axis)
     timestep: Optional[str] = None
     level_coord: str = "level"

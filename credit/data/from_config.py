@@ -11,8 +11,8 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from credit.data.credit_gen1 import CreditGen1Dataset
-from credit.data.credit_gen2 import CreditGen2Dataset
+from credit.interop.data_gen1 import CreditGen1Dataset
+from credit.interop.data_gen2 import CreditGen2Dataset
 from credit.data.dataset import ERA5Dataset, VariableSpec
 from credit.data.generate import generate_dataset
 
@@ -60,7 +60,7 @@ def role_files(data: DictConfig, role: str) -> list[Path]:
     `data.credit.files`), sorted; DataError when there are none."""
     if data.layout == "credit-gen2":
         from credit.data.catalog import DataError
-        from credit.data.credit_gen2 import template_files
+        from credit.interop.data_gen2 import template_files
 
         key = CREDIT_GEN2_FILE_ROLE.get(role, role)
         found = template_files(data.root, data.credit.files[key] or "") if data.credit.files[key] else []
@@ -68,7 +68,7 @@ def role_files(data: DictConfig, role: str) -> list[Path]:
             raise DataError(f"the CREDIT files of {key} ({data.credit.files[key]!r}) match no file")
         return [path for path, _, _ in found]
     if data.layout == "credit-gen1":
-        from credit.data.credit_gen1 import layout_role_files
+        from credit.interop.data_gen1 import layout_role_files
 
         key = CREDIT_FILE_ROLE.get(role, role)
         return layout_role_files(data.root, data.credit.files[key], key)

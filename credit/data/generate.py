@@ -97,7 +97,7 @@ def _coords(lat, lon, levels=None, times=None) -> dict:
     return coords
 
 
-def _write(ds: xr.Dataset, path: Path) -> None:
+def write_atomically(ds: xr.Dataset, path: Path) -> None:
     """Write atomically (temporary name, then rename) so an interrupted run leaves no half file;
     a ``.zarr`` path becomes a zarr store, anything else a netCDF file."""
     ds.attrs.update(Conventions="CF-1.8", title="credit synthetic ERA5-layout dataset",
@@ -140,18 +140,18 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     if file_format not in FORMATS:
         raise GenerateError(f"format {file_format!r} is not one of {list(FORMATS)}")
     ext = FORMATS[file_format]
-    grid, years, levels, train_years = _checked_arguments(grid, years, levels, train_years, days_per_year)
+    grid, years, levels, train_years = checked_arguments(grid, years, levels, train_years, days_per_year)
     try:
         schedule = _output_times(years, days_per_year, time_range)
     except DataError as err:
         raise GenerateError(f"time_range: {err}") from err
-    _prepare_output_dir(out, overwrite)
+    prepare_output_dir(out, overwrite)
 
     lat, lon = _grid_coords(grid)
     level_values = np.asarray(levels, dtype=np.int32 if all(lv.is_integer() for lv in levels) else np.float64)
     atm = ToyAtmosphere(lat, lon, levels, seed)
     static = {"Z_GDS4_SFC": atm.z_sfc, "LSM": atm.lsm}
-    _write(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
+    write_atomically(xr.Dataset({k: (("latitude", "longitude"), v.astype(np.float32), ATTRS[k]) for k, v in static.items()},
                       coords=_coords(lat, lon)), out / f"static{ext}")
 
     moments = RunningMoments()
@@ -159,9 +159,9 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
         coords = _coords(lat, lon, level_values, times)
         dims3, dims2 = ("time", "level", "latitude", "longitude"), ("time", "latitude", "longitude")
         era5 = {k: (dims3, buf[k], ATTRS[k]) for k in UPPER_AIR} | {k: (dims2, buf[k], ATTRS[k]) for k in SURFACE}
-        _write(xr.Dataset(era5, coords=coords), out / f"era5_{year}{ext}")
+        write_atomically(xr.Dataset(era5, coords=coords), out / f"era5_{year}{ext}")
         coords.pop("level")
-        _write(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}{ext}")
+        write_atomically(xr.Dataset({k: (dims2, buf[k], ATTRS[k]) for k in FORCING}, coords=coords), out / f"forcing_{year}{ext}")
         if year in train_years:
             for k in UPPER_AIR:
                 moments.add(k, buf[k], (0, 2, 3))
@@ -173,7 +173,7 @@ def generate_dataset(out: str | Path, *, grid: tuple[int, int] = (32, 64), years
     return out
 
 
-def _checked_arguments(grid, years, levels, train_years, days_per_year):
+def checked_arguments(grid, years, levels, train_years, days_per_year):
     """The arguments normalised (ints, sorted floats); :class:`GenerateError` names the bad one."""
     grid = tuple(int(g) for g in grid)
     years = sorted(int(y) for y in years)
@@ -200,7 +200,7 @@ def _written_files() -> list[str]:
                                                                          "forcing_*", "*"] for ext in FORMATS.values()]
 
 
-def _prepare_output_dir(out: Path, overwrite: bool, written: Sequence[str] | None = None) -> None:
+def prepare_output_dir(out: Path, overwrite: bool, written: Sequence[str] | None = None) -> None:
     """Create ``out``; with ``overwrite``, remove only what matches `written` (default: the
     files this generator writes), never anything else."""
     if out.exists():
@@ -257,4 +257,4 @@ def _write_statistics(out: Path, moments: RunningMoments, level: tuple, train_ye
         ds.attrs.update(statistic=name, train_years=np.asarray(train_years, np.int32),
                         description=f"{name} over time, latitude and longitude of the training years "
                                     f"{' '.join(map(str, train_years))} (per level for upper-air variables)")
-        _write(ds, out / f"{name}.nc")
+        write_atomically(ds, out / f"{name}.nc")

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.layout == "credit-gen2":
-            from credit.data.credit_gen2_generate import generate_credit_gen2
+            from credit.interop.generate_gen2 import generate_credit_gen2
 
             if args.time_range:
                 raise GenerateError("--layout credit-gen2 writes whole days: leave out --time-range")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{path / 'credit.yml'}")
             return 0
         if args.layout == "credit-gen1":
-            from credit.data.credit_layout_generate import generate_credit_gen1
+            from credit.interop.generate_gen1 import generate_credit_gen1
 
             if args.format != "netcdf" or args.time_range:
                 raise GenerateError("--layout credit-gen1 writes netCDF files of whole days: leave out --format "

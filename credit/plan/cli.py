@@ -85,7 +85,7 @@ def main(argv: Sequence[str]) -> int:
         raise FileNotFoundError(f"--out {args.out}: the folder {args.out.parent} does not exist")
     overrides = list(args.overrides)
     if args.credit_config is not None:
-        from credit.checkpoint.from_credit import model_overrides
+        from credit.interop.checkpoint_import import model_overrides
         from credit.models.credit.checkpoint import read_credit_model_section
         from credit.models.credit.config import resolve_credit_model
 

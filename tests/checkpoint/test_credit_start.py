@@ -16,7 +16,7 @@ import torch
 import yaml
 from credit_fixtures import CHECKPOINT_RUN, credit_run_config
 
-from credit.checkpoint.credit_training import parameter_order
+from credit.interop.training_state import parameter_order
 from credit.cli import _credit_config
 from credit.config import ConfigError, compose_config
 from credit.data.sampler import collate_samples

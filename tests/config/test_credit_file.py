@@ -1,4 +1,4 @@
-"""A CREDIT config file's data, trainer and loss sections (credit/config/credit_file.py):
+"""A CREDIT config file's data, trainer and loss sections (credit/interop/config_file.py):
 the loss it maps to equals CREDIT's own on the same tensors (tests/fixtures/credit_gen1_data,
 made with CREDIT's code), `credit check` reports every key, `credit train` trains from a
 config `credit data generate --layout credit-gen1` wrote, and what is not honoured is one line."""
@@ -20,7 +20,7 @@ import yaml
 from credit_fixtures import FP32_UNIT_ROUNDOFF, sum_rounding_bound
 
 from credit.config import compose_config
-from credit.config.credit_file import TABLE, map_credit_file
+from credit.interop.config_file import TABLE, map_credit_file
 from credit.data.latitude import latitude_weights
 from credit.train.losses import WeightedLoss, channel_weights
 from credit.train.schedule import schedule_function

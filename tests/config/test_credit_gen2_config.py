@@ -17,7 +17,7 @@ import xarray as xr
 import yaml
 
 from credit.config import compose_config
-from credit.config.credit_file import map_credit_file
+from credit.interop.config_file import map_credit_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 WHOLE_FILES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "credit_configs"

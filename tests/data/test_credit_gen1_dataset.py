@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from credit.data.catalog import DataError
-from credit.data.credit_gen1 import CreditGen1Dataset
+from credit.interop.data_gen1 import CreditGen1Dataset
 from credit.models.inputs import credit_input
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "credit_gen1_data"

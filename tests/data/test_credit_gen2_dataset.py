@@ -16,9 +16,9 @@ import torch
 import xarray as xr
 
 from credit.config import compose_config
-from credit.config.credit_file import map_credit_file
+from credit.interop.config_file import map_credit_file
 from credit.data.catalog import DataError
-from credit.data.credit_gen2 import template_files
+from credit.interop.data_gen2 import template_files
 from credit.data.from_config import build_dataset
 from credit.models.inputs import credit_input
 

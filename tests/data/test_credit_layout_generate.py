@@ -11,7 +11,7 @@ import xarray as xr
 import yaml
 
 from credit.data import generate_dataset
-from credit.data.credit_layout_generate import _crossformer_section, generate_credit_gen1
+from credit.interop.generate_gen1 import crossformer_section, generate_credit_gen1
 from credit.data.generate import GenerateError
 
 KW = dict(grid=(8, 16), years=(2000, 2001), levels=(500, 850), days_per_year=3, seed=5, progress=False)
@@ -163,7 +163,7 @@ def test_config_has_credit_keys_existing_paths_and_matching_globs(gen1, conf):
 def test_crossformer_section_fits_the_grid(grid):
     """CREDIT's CrossFormer: stage sizes after each stride divisible by the local and global windows;
     stages 2-4 halve exactly (its decoder concatenates upsampled maps with them)."""
-    m = _crossformer_section(grid, 2)
+    m = crossformer_section(grid, 2)
     h, w, sizes = *grid, []
     for s in m["cross_embed_strides"]:
         assert h % s == 0 and w % s == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from credit.checkpoint.from_credit import describe_credit_model
+from credit.interop.checkpoint_import import describe_credit_model
 from credit.config import compose_config
 
 INVENTORY = json.loads((Path(__file__).parent.parent / "fixtures" / "credit_configs" / "configs.json").read_text())

@@ -14,7 +14,7 @@ from launcher import run_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor, Shard
 
-from credit.checkpoint.from_credit import OVERRIDES_FILE, convert_credit_checkpoint
+from credit.interop.checkpoint_import import OVERRIDES_FILE, convert_credit_checkpoint
 from credit.cli import main as credit_main
 from credit.config import compose_config
 from credit.data import generate_dataset
@@ -99,7 +99,7 @@ def test_a_channel_layout_other_than_the_checkpoints_is_one_clear_error(credit_l
 
 def test_a_credit_checkpoint_file_resumes_directly(credit_layout_data, tmp_path):
     """`trainer.resume=checkpoint.pt` with the model overrides: CREDIT's file, remapped on load."""
-    from credit.checkpoint.from_credit import model_overrides
+    from credit.interop.checkpoint_import import model_overrides
     from credit.models.credit.checkpoint import read_credit_model_section
     from credit.models.credit.config import resolve_credit_model
 

@@ -29,8 +29,8 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from .generate import (FORCING, STATIC, SURFACE, UPPER_AIR, GenerateError, _checked_arguments,
-                       _prepare_output_dir, _write, generate_dataset)
+from credit.data.generate import (FORCING, STATIC, SURFACE, UPPER_AIR, GenerateError, checked_arguments,
+                                  generate_dataset, prepare_output_dir, write_atomically)
 
 DATA_PREFIX = "ERA5_gen1_6h_"
 """Yearly file names are ``{DATA_PREFIX}{YYYY}.nc``."""
@@ -75,20 +75,20 @@ def generate_credit_gen1(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
     contain a year string that makes CREDIT's year filter (a substring test on the whole path) pick
     the wrong files.
     """
-    grid, years, levels, train_years = _checked_arguments(grid, years, levels, train_years, days_per_year)
+    grid, years, levels, train_years = checked_arguments(grid, years, levels, train_years, days_per_year)
     valid_years = [y for y in years if y not in train_years] or train_years[-1:]
     for name, chosen in (("train_years", train_years), ("validation years", valid_years)):
         if chosen != list(range(chosen[0], chosen[-1] + 1)):
             raise GenerateError(f"{name} {chosen} must be consecutive years: CREDIT's gen1 year ranges "
                                 "[first, last + 1) need one file per year")
-    model = _crossformer_section(grid, len(levels))
+    model = crossformer_section(grid, len(levels))
     if grid[1] < _LATW_COLUMN + 1:
         raise GenerateError(f"grid {grid[0]}x{grid[1]}: CREDIT's latitude weighting needs at least "
                             f"{_LATW_COLUMN + 1} longitudes")
     out = Path(out).expanduser().resolve()
     data_files = {y: out / f"{DATA_PREFIX}{y:04d}.nc" for y in years}
     _check_credit_year_filter(data_files, train_years, valid_years)
-    _prepare_output_dir(out, overwrite, written=_WRITTEN + (f"{_TMP_PREFIX}*",))
+    prepare_output_dir(out, overwrite, written=_WRITTEN + (f"{_TMP_PREFIX}*",))
 
     with tempfile.TemporaryDirectory(prefix=_TMP_PREFIX, dir=out) as tmp:
         ours = generate_dataset(Path(tmp) / "dataset", grid=grid, years=years, levels=levels,
@@ -100,17 +100,17 @@ def generate_credit_gen1(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
                 ds = xr.merge([era5.load(), f.load()], compat="identical", join="exact", combine_attrs="override")
             level = ds["level"]
             ds.attrs.update(layout="NCAR CREDIT gen1 all-in-one yearly file", year=np.int32(year))
-            _write(ds[list(UPPER_AIR + SURFACE + FORCING)], path)
+            write_atomically(ds[list(UPPER_AIR + SURFACE + FORCING)], path)
         with xr.open_dataset(ours / "mean.nc") as m, xr.open_dataset(ours / "std.nc") as s:
             mean, std = m.load(), s.load()
         with xr.open_dataset(ours / "static.nc") as st:
             static = st.load()
 
-    _write(_static(static, mean, std), out / STATIC_FILE)
+    write_atomically(_static(static, mean, std), out / STATIC_FILE)
     stats_tag = f"6h_{train_years[0]:04d}_{train_years[-1]:04d}"
     for name, ds in (("mean", mean), ("std", std)):
-        _write(_statistics(ds, level, name, train_years), out / f"{name}_{stats_tag}.nc")
-    _write(_latitude_weights(static), out / LATW_FILE)
+        write_atomically(statistics_dataset(ds, level, name, train_years), out / f"{name}_{stats_tag}.nc")
+    write_atomically(_latitude_weights(static), out / LATW_FILE)
 
     conf = _config(out, seed, train_years, valid_years, level, model, stats_tag)
     text = yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
@@ -121,7 +121,7 @@ def generate_credit_gen1(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
     return out
 
 
-def _crossformer_section(grid: tuple[int, int], n_levels: int) -> dict:
+def crossformer_section(grid: tuple[int, int], n_levels: int) -> dict:
     """A small CREDIT ``crossformer`` model section whose windows and strides fit ``grid``.
 
     CREDIT's CrossFormer runs four stride-s cross-embed stages; its decoder upsamples 2x three times
@@ -200,7 +200,7 @@ def _static(static: xr.Dataset, mean: xr.Dataset, std: xr.Dataset) -> xr.Dataset
     return out
 
 
-def _statistics(ds: xr.Dataset, level: xr.DataArray, name: str, train_years: list[int]) -> xr.Dataset:
+def statistics_dataset(ds: xr.Dataset, level: xr.DataArray, name: str, train_years: list[int]) -> xr.Dataset:
     """CREDIT's mean/std file: float64, upper-air on the data's ``level`` coordinate, scalars otherwise."""
     data = {k: (("level",), ds[k].values.astype(np.float64), ds[k].attrs) for k in UPPER_AIR}
     data |= {k: ((), np.float64(ds[k].values), ds[k].attrs) for k in SURFACE + FORCING}

@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
-from .credit_layout import CreditLayout
-from .statistics_files import first_unusable
+from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+from credit.data.statistics_files import first_unusable
+from credit.interop.layout import CreditLayout
 
 FILE_ROLES = ("upper_air", "surface", "dynamic_forcing", "diagnostic")  # yearly files, paired by year
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")

@@ -1,6 +1,6 @@
 """Write the synthetic atmosphere of :mod:`credit.data.generate` in NCAR CREDIT's **gen2** layout.
 
-As for gen1 (:mod:`credit.data.credit_layout_generate`, whose helpers this module shares), the
+As for gen1 (:mod:`credit.interop.generate_gen1`, whose helpers this module shares), the
 toy atmosphere is simulated once into a temporary folder and re-laid with xarray. Files in ``out``:
 
 * ``ERA5_gen2_6h_{YYYY}.nc`` (or ``.zarr`` with ``file_format="zarr"``): one all-in-one store
@@ -30,9 +30,9 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from .credit_layout_generate import _crossformer_section, _statistics
-from .generate import (FORCING, FORMATS, STATIC, SURFACE, UPPER_AIR, GenerateError, _checked_arguments,
-                       _prepare_output_dir, _write, generate_dataset)
+from credit.data.generate import (FORCING, FORMATS, STATIC, SURFACE, UPPER_AIR, GenerateError, checked_arguments,
+                                  generate_dataset, prepare_output_dir, write_atomically)
+from credit.interop.generate_gen1 import crossformer_section, statistics_dataset
 
 DATA_PREFIX = "ERA5_gen2_6h_"
 STATIC_FILE = "static.nc"
@@ -46,12 +46,12 @@ def generate_credit_gen2(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
                          overwrite: bool = False, file_format: str = "netcdf") -> Path:
     """Write the synthetic dataset in CREDIT's gen2 layout plus ``credit.yml`` into ``out``; return ``out``.
 
-    Arguments as for :func:`credit.data.credit_layout_generate.generate_credit_gen1` (the same
+    Arguments as for :func:`credit.interop.generate_gen1.generate_credit_gen1` (the same
     arrays); ``file_format`` is ``netcdf`` or ``zarr`` for the yearly stores. Raises
     :class:`GenerateError` for invalid arguments, a non-empty ``out`` without ``overwrite``, and
     periods CREDIT's master clock could not read (consecutive years; with ``days_per_year``, one
     training year and one validation year)."""
-    grid, years, levels, train_years = _checked_arguments(grid, years, levels, train_years, days_per_year)
+    grid, years, levels, train_years = checked_arguments(grid, years, levels, train_years, days_per_year)
     if file_format not in FORMATS:
         raise GenerateError(f"file_format {file_format!r}: one of {list(FORMATS)}")
     valid_years = [y for y in years if y not in train_years] or train_years[-1:]
@@ -63,12 +63,12 @@ def generate_credit_gen2(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
             raise GenerateError(f"{name} {chosen} with --days-per-year {days_per_year}: the days between the years "
                                 "are missing, and CREDIT's gen2 master clock reads every time of its period; "
                                 "give one year")
-    model = _crossformer_section(grid, len(levels))
+    model = crossformer_section(grid, len(levels))
     out = Path(out).expanduser().resolve()
     suffix = FORMATS[file_format]
     written = (f"{DATA_PREFIX}*{suffix}", STATIC_FILE, "mean_6h_*.nc", "std_6h_*.nc", CONFIG_FILE, "*.tmp",
                f"{_TMP_PREFIX}*")
-    _prepare_output_dir(out, overwrite, written=written)
+    prepare_output_dir(out, overwrite, written=written)
 
     last_times: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix=_TMP_PREFIX, dir=out) as tmp:
@@ -82,7 +82,7 @@ def generate_credit_gen2(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
             level = ds["level"]
             last_times[year] = str(ds["time"].values[-1].astype("datetime64[s]"))
             ds.attrs.update(layout="NCAR CREDIT gen2 all-in-one yearly store", year=np.int32(year))
-            _write(ds[list(UPPER_AIR + SURFACE + FORCING)], out / f"{DATA_PREFIX}{year:04d}{suffix}")
+            write_atomically(ds[list(UPPER_AIR + SURFACE + FORCING)], out / f"{DATA_PREFIX}{year:04d}{suffix}")
         with xr.open_dataset(ours / "mean.nc") as m, xr.open_dataset(ours / "std.nc") as s:
             mean, std = m.load(), s.load()
         with xr.open_dataset(ours / "static.nc") as st:
@@ -90,12 +90,12 @@ def generate_credit_gen2(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
 
     static_out = xr.Dataset({name: static[name] for name in STATIC})
     static_out.attrs.update(layout="NCAR CREDIT gen2 static store")
-    _write(static_out, out / STATIC_FILE)
+    write_atomically(static_out, out / STATIC_FILE)
     stats_tag = f"6h_{train_years[0]:04d}_{train_years[-1]:04d}"
     for name, ds in (("mean", mean), ("std", std)):
-        stats = _statistics(ds, level, name, train_years)
+        stats = statistics_dataset(ds, level, name, train_years)
         stats["Z_GDS4_SFC"] = ((), np.float64(ds["Z_GDS4_SFC"].values), ds["Z_GDS4_SFC"].attrs)
-        _write(stats, out / f"{name}_{stats_tag}.nc")
+        write_atomically(stats, out / f"{name}_{stats_tag}.nc")
 
     periods = {"train": (f"{train_years[0]:04d}-01-01T00:00:00", last_times[train_years[-1]]),
                "valid": (f"{valid_years[0]:04d}-01-01T00:00:00", last_times[valid_years[-1]])}

@@ -1,6 +1,6 @@
 """The converters of CREDIT's gen2 schema (`data.source`, `validation_data`, `preblocks`,
 `postblocks`, `trainer.parallelism`, `inference`) that the mapping table
-(`credit.config.credit_file.TABLE`) names; each takes (the key's value, the whole CREDIT config)
+(`credit.interop.config_file.TABLE`) names; each takes (the key's value, the whole CREDIT config)
 and returns this project's (key, value) pairs, or a refusal line naming the key. What each
 key means is CREDIT's gen2 dataset, preblocks and trainer (docs/credit_config.md).
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from credit.config.credit_paths import expand
+from credit.interop.paths import expand
 
 FIELD_TYPES = ("prognostic", "dynamic_forcing", "static", "diagnostic")
 # data.source.<NAME> keys read here; the others CREDIT's local dataset reads are refused by name
@@ -91,7 +91,7 @@ def file_levels(template: Any, coord: str) -> list[float] | str:
     if not template:
         return "no prognostic path to read the levels from"
     from credit.data.catalog import open_store  # the data layer, read here for one coordinate
-    from credit.data.credit_gen2 import template_files
+    from credit.interop.data_gen2 import template_files
 
     found = template_files(".", expand(template))
     if not found:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .catalog import DataError
-from .integrity import NonFiniteData, nonfinite_problem
+from credit.data.catalog import DataError
+from credit.data.integrity import NonFiniteData, nonfinite_problem
 
 _OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from credit.config import credit_convert as cv
-from credit.config import credit_convert_gen2 as cvg
-from credit.config.credit_convert import Convert
+from credit.interop import config_gen1 as cv
+from credit.interop import config_gen2 as cvg
+from credit.interop.config_gen1 import Convert
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ TABLE: tuple[Rule, ...] = (
                                                     "are not implemented")),
     Rule("loss.spectral_lambda_reg", note="with use_power_loss or use_spectral_loss"),
     Rule("loss.spectral_wavenum_init", note="with use_power_loss or use_spectral_loss"),
-    # gen2 (data.source): credit/config/credit_convert_gen2.py
+    # gen2 (data.source): credit/interop/config_gen2.py
     Rule("data.source", cvg.source, schema="gen2"),
     Rule("data.start_datetime", cvg.period("data", "data.train_period"), schema="gen2"),
     Rule("data.end_datetime", note="read with start_datetime", schema="gen2"),

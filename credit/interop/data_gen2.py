@@ -42,8 +42,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
-from .credit_layout import CreditLayout
+from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+from credit.interop.layout import CreditLayout
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The converters of CREDIT's data, trainer, loss and predict values that the mapping table
-(`credit.config.credit_file.TABLE`) names: each takes (the key's value, the whole CREDIT
+(`credit.interop.config_file.TABLE`) names: each takes (the key's value, the whole CREDIT
 config) and returns this project's (key, value) pairs, or a refusal line naming the key.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from credit.config.credit_paths import expand
+from credit.interop.paths import expand
 
 Convert = Callable[[Any, Mapping[str, Any]], "list[tuple[str, Any]] | str"]
 
@@ -178,7 +178,7 @@ def variable_weights(value: Any, conf: Mapping[str, Any]):
     weights = dict(loss.get("variable_weights") or {})  # one `+` override per variable: the dict starts empty
     data = conf.get("data") or {}
     if data:  # CREDIT's parser keeps the weights of the output variables only
-        from credit.config.credit_convert_gen2 import is_gen2, output_variables
+        from credit.interop.config_gen2 import is_gen2, output_variables
 
         outputs = output_variables(conf) if is_gen2(conf) else {
             *(data.get("variables") or []), *(data.get("surface_variables") or []),
@@ -223,7 +223,7 @@ def predict(value: Any, conf: Mapping[str, Any]):
 
 def load_weights(value: Any, conf: Mapping[str, Any]):
     """CREDIT's trainer reloads `save_loc/checkpoint.pt`: weights, with load_optimizer its AdamW
-    state, with reload_epoch its epoch and schedule (`credit.checkpoint.credit_training`)."""
+    state, with reload_epoch its epoch and schedule (`credit.interop.training_state`)."""
     if not value:
         return []
     trainer = conf.get("trainer", {})
