@@ -1,6 +1,7 @@
-"""Deterministic convolutions on the CPU as gather GEMMs: no im2col matrix, no layout copies.
+"""Deterministic convolutions on the CPU as gather GEMMs: no im2col matrix, no layout copies
+(the transposed ones, built from these helpers: conv_transpose.py).
 
-`DetConv2d` and `DetConvTranspose2d` (det_layers.py) define their arithmetic as GEMMs over
+`DetConv2d` and `DetConvTranspose2d` (layers.py) define their arithmetic as GEMMs over
 im2col rows and channels-last rows (`linear_local`): every output is the K tree of its
 products, every weight and bias gradient the row tree over samples padded to whole leaves.
 On the CPU the same GEMMs run through `credit.kernels.gemm._cpu.mm_gather`, whose operands
@@ -29,38 +30,38 @@ from credit.kernels.gemm import LEAF
 from credit.kernels.gemm import _cpu
 
 
-def _ar(n: int, step: int = 1) -> torch.Tensor:
+def ar_steps(n: int, step: int = 1) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64) * step
 
 
-def _padded_rows(per_sample: torch.Tensor, sample_stride: int, samples: int) -> torch.Tensor:
+def padded_rows(per_sample: torch.Tensor, sample_stride: int, samples: int) -> torch.Tensor:
     """Offsets of every sample's rows, each sample padded with -1 (zero) to whole leaves, so a
     sample is a whole subtree of the row tree (what `pad_row_groups` does to a matrix)."""
     rows = per_sample.numel()
-    padded = -(-rows // LEAF) * LEAF if samples > 1 else rows
-    table = torch.full((samples, padded), -1, dtype=torch.int64)
-    table[:, :rows] = _ar(samples, sample_stride)[:, None] + per_sample[None, :]
+    width = -(-rows // LEAF) * LEAF if samples > 1 else rows
+    table = torch.full((samples, width), -1, dtype=torch.int64)
+    table[:, :rows] = ar_steps(samples, sample_stride)[:, None] + per_sample[None, :]
     return table.reshape(-1)
 
 
 @functools.lru_cache(maxsize=64)
-def _conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
+def conv_tables(b: int, c: int, hp: int, wp: int, c_out: int, ho: int, wo: int,
                  kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> SimpleNamespace:
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     plane, length, ckk = hp * wp, ho * wo, c * kh * kw
     # a patch's first element per output position, and each (c, i, j)'s offset from it
-    corner = (_ar(ho, sh * wp)[:, None] + _ar(wo, sw)[None, :]).reshape(-1)
-    kcol = (_ar(c, plane)[:, None, None] + _ar(kh, dh * wp)[None, :, None] + _ar(kw, dw)[None, None, :]).reshape(-1)
-    positions = _ar(length)
+    corner = (ar_steps(ho, sh * wp)[:, None] + ar_steps(wo, sw)[None, :]).reshape(-1)
+    kcol = (ar_steps(c, plane)[:, None, None] + ar_steps(kh, dh * wp)[None, :, None] + ar_steps(kw, dw)[None, None, :]).reshape(-1)
+    positions = ar_steps(length)
     return SimpleNamespace(
-        x_rows=(_ar(b, c * plane)[:, None] + corner[None, :]).reshape(-1), kcol=kcol,
-        y_rows=(_ar(b, c_out * length)[:, None] + positions[None, :]).reshape(-1),
-        dcols_rows=(_ar(b, ckk * length)[:, None] + positions[None, :]).reshape(-1),
-        x_rows_padded=_padded_rows(corner, c * plane, b),
+        x_rows=(ar_steps(b, c * plane)[:, None] + corner[None, :]).reshape(-1), kcol=kcol,
+        y_rows=(ar_steps(b, c_out * length)[:, None] + positions[None, :]).reshape(-1),
+        dcols_rows=(ar_steps(b, ckk * length)[:, None] + positions[None, :]).reshape(-1),
+        x_rows_padded=padded_rows(corner, c * plane, b),
         k_in_plane=kcol,  # (c, i, j) offsets in the input plane: dx's columns when patches do not overlap
-        g_rows_padded=_padded_rows(positions, c_out * length, b),
-        k_ident=_ar(ckk), k_by_length=_ar(ckk, length),
-        cout_by_ckk=_ar(c_out, ckk), cout_by_length=_ar(c_out, length), cout_ident=_ar(c_out),
+        g_rows_padded=padded_rows(positions, c_out * length, b),
+        k_ident=ar_steps(ckk), k_by_length=ar_steps(ckk, length),
+        cout_by_ckk=ar_steps(c_out, ckk), cout_by_length=ar_steps(c_out, length), cout_ident=ar_steps(c_out),
     )
 
 
@@ -68,7 +69,7 @@ _PADDED: dict[tuple, torch.Tensor] = {}
 _PADDED_KEPT_BYTES = 32 << 20  # padded buffers kept, in all (a model's convolutions use a few shapes)
 
 
-def _padded(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+def padded(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
     """NCHW `x` zero-padded by (ph, pw), in a buffer kept per shape: its border is written once
     and stays zero, so a call copies only the interior (a fresh padded tensor cost a page
     fault per page, more than the copy: 0.4 ms a call inside a train step). Valid until the
@@ -96,22 +97,22 @@ def _ones_rows(rows: torch.Tensor) -> torch.Tensor:
     return torch.where(rows >= 0, 0, -1)
 
 
-def _bias_grad(g: torch.Tensor, g_rows_padded: torch.Tensor, channels: int, plane: int,
+def bias_grad(g: torch.Tensor, g_rows_padded: torch.Tensor, channels: int, plane: int,
                dtype: torch.dtype) -> torch.Tensor:
     """Per-channel sum of NCHW `g` over the padded row tree (ones(1, rows) @ g_rows's bits)."""
     if g.dtype == torch.float32 and dtype == torch.float32:  # the same tree, read by channel planes
         return _cpu.channel_sums(g.view(g.shape[0], channels, plane))
     out = torch.empty(channels, dtype=dtype)
     one = torch.ones(1, dtype=g.dtype)
-    _cpu.mm_gather(g.view(-1), _ar(channels, plane), g_rows_padded, one, _ones_rows(g_rows_padded),
-                   torch.zeros(1, dtype=torch.int64), out, _ar(channels), torch.zeros(1, dtype=torch.int64))
+    _cpu.mm_gather(g.view(-1), ar_steps(channels, plane), g_rows_padded, one, _ones_rows(g_rows_padded),
+                   torch.zeros(1, dtype=torch.int64), out, ar_steps(channels), torch.zeros(1, dtype=torch.int64))
     return out
 
 
 _DCOLS_CHUNK_BYTES = 8 << 20  # patch gradients written at once (at least one sample's)
 
 
-def _input_grad(g: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace, conv,
+def input_grad(g: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace, conv,
                 shape: tuple[int, int, int, int], length: int, dtype: torch.dtype) -> torch.Tensor:
     """dx of an overlapping convolution: patch gradients (each the C_out tree of its products)
     folded in col2im's order.
@@ -191,7 +192,7 @@ def _disjoint_patches(conv) -> bool:
             and all(s >= k for s, k in zip(conv.stride, conv.kernel_size)))
 
 
-def _patches_times_weight(xp: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace,
+def patches_times_weight(xp: torch.Tensor, weight: torch.Tensor, t: SimpleNamespace,
                           y: torch.Tensor, bias: torch.Tensor | None = None,
                           weight_tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """y (B, C_out, H_o, W_o) = the convolution of the padded input `xp` by `weight`: each
@@ -215,13 +216,13 @@ def _adjoint_weight_tables(c_out: int, c_in: int, kh: int, kw: int) -> tuple[tor
     """`adjoint_weight(W)`'s rows and columns as offsets into W (C_out, C_in, kh, kw) itself:
     row c at c·kh·kw, column (o, i, j) at o·C_in·kh·kw + (kh-1-i)·kw + (kw-1-j), so the
     adjoint convolution reads W in place (the flipped copy cost up to 1 ms a call)."""
-    rows = _ar(c_in, kh * kw)
-    cols = (_ar(c_out, c_in * kh * kw)[:, None, None] + _ar(kh, kw).flip(0)[None, :, None]
-            + _ar(kw).flip(0)[None, None, :]).reshape(-1)
+    rows = ar_steps(c_in, kh * kw)
+    cols = (ar_steps(c_out, c_in * kh * kw)[:, None, None] + ar_steps(kh, kw).flip(0)[None, :, None]
+            + ar_steps(kw).flip(0)[None, None, :]).reshape(-1)
     return rows, cols
 
 
-def _weight_grad(g: torch.Tensor, xp: torch.Tensor, t: SimpleNamespace, stride: tuple[int, int],
+def weight_grad(g: torch.Tensor, xp: torch.Tensor, t: SimpleNamespace, stride: tuple[int, int],
                  weight: torch.Tensor) -> torch.Tensor:
     """dW of the convolution of padded `xp` with output gradient `g`: dWᵀ = patchesᵀ @ g, the
     row tree over every sample's positions padded to whole leaves."""
@@ -241,14 +242,14 @@ class _GatherConv2d(torch.autograd.Function):
     def forward(ctx, x, weight, bias, conv):  # type: ignore[override]
         (ph, pw), kernel = conv.padding, conv.kernel_size
         b, c, h, w = x.shape
-        xp = _padded(x, ph, pw)
+        xp = padded(x, ph, pw)
         hp, wp = xp.shape[-2:]
         ho = (hp - conv.dilation[0] * (kernel[0] - 1) - 1) // conv.stride[0] + 1
         wo = (wp - conv.dilation[1] * (kernel[1] - 1) - 1) // conv.stride[1] + 1
         c_out = weight.shape[0]
-        t = _conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
+        t = conv_tables(b, c, hp, wp, c_out, ho, wo, kernel, conv.stride, conv.dilation)
         y = torch.empty((b, c_out, ho, wo), dtype=x.dtype)
-        _patches_times_weight(xp, weight, t, y, bias)  # bias added to the fp32 sums
+        patches_times_weight(xp, weight, t, y, bias)  # bias added to the fp32 sums
         # x, not its padded copy: the layer before usually keeps x for its own backward, and
         # padding it again there costs one copy
         ctx.save_for_backward(x, weight)
@@ -268,9 +269,9 @@ class _GatherConv2d(torch.autograd.Function):
         # dW first: its padded input is a kept buffer that padding g (the same shape when
         # C_in = C_out) would overwrite
         if ctx.needs_input_grad[1]:
-            gw = _weight_grad(g, _padded(x, ph, pw), t, conv.stride, weight)
+            gw = weight_grad(g, padded(x, ph, pw), t, conv.stride, weight)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = _bias_grad(g, t.g_rows_padded, weight.shape[0], length, weight.dtype)
+            gb = bias_grad(g, t.g_rows_padded, weight.shape[0], length, weight.dtype)
         if ctx.needs_input_grad[0] and _disjoint_patches(conv):
             # each input pixel is in at most one patch: its gradient is written in place;
             # + 0.0 rounds -0 to +0 exactly as fold's sum into zeros does
@@ -280,131 +281,17 @@ class _GatherConv2d(torch.autograd.Function):
             gx.add_(0.0)
         elif ctx.needs_input_grad[0] and input_grad_is_a_convolution(conv):
             (qh, qw), kernel = adjoint_padding(conv), conv.kernel_size
-            gp = _padded(g, qh, qw)
-            adjoint = _conv_tables(b, weight.shape[0], ho + 2 * qh, wo + 2 * qw, c, h, w, kernel,
+            gp = padded(g, qh, qw)
+            adjoint = conv_tables(b, weight.shape[0], ho + 2 * qh, wo + 2 * qw, c, h, w, kernel,
                                    (1, 1), (1, 1))
             gx = torch.empty((b, c, h, w), dtype=x.dtype)
-            _patches_times_weight(gp, weight, adjoint, gx,
+            patches_times_weight(gp, weight, adjoint, gx,
                                   weight_tables=_adjoint_weight_tables(weight.shape[0], c, *kernel))
         elif ctx.needs_input_grad[0]:  # patch gradients (tree over C_out), then fold
-            gx = _input_grad(g, weight, t, conv, (b, c, h, w), length, x.dtype)
+            gx = input_grad(g, weight, t, conv, (b, c, h, w), length, x.dtype)
         return gx, gw, gb, None
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv) -> torch.Tensor:
     """`conv`'s (a DetConv2d) convolution of NCHW `x` on the CPU, bitwise its matrix path."""
     return _GatherConv2d.apply(x, weight, bias, conv)
-
-
-@functools.lru_cache(maxsize=64)
-def _upsample_tables(b: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int) -> SimpleNamespace:
-    plane, ho, wo = h * w, h * kh, w * kw
-    n = c_out * kh * kw
-    pixels = _ar(plane)
-    # an input pixel's output block corner, and each (o, i, j)'s offset from it
-    corner = (_ar(h, kh * wo)[:, None] + _ar(w, kw)[None, :]).reshape(-1)
-    ncol = (_ar(c_out, ho * wo)[:, None, None] + _ar(kh, wo)[None, :, None] + _ar(kw)[None, None, :]).reshape(-1)
-    return SimpleNamespace(
-        x_rows=(_ar(b, c_in * plane)[:, None] + pixels[None, :]).reshape(-1),
-        y_rows=(_ar(b, c_out * ho * wo)[:, None] + corner[None, :]).reshape(-1),
-        x_rows_padded=_padded_rows(pixels, c_in * plane, b),
-        y_rows_padded=_padded_rows(corner, c_out * ho * wo, b),
-        out_rows_padded=_padded_rows(_ar(ho * wo), c_out * ho * wo, b),
-        ncol=ncol, n_ident=_ar(n), cin_by_plane=_ar(c_in, plane), cin_by_n=_ar(c_in, n),
-    )
-
-
-class _GatherUpsample(torch.autograd.Function):
-    """ConvTranspose2d with kernel == stride: each input pixel's channels times (C_in, C_out·kh·kw)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):  # type: ignore[override]
-        b, c_in, h, w = x.shape
-        _, c_out, kh, kw = weight.shape
-        t = _upsample_tables(b, c_in, h, w, c_out, kh, kw)
-        x = x.contiguous()
-        y = torch.empty((b, c_out, h * kh, w * kw), dtype=x.dtype)
-        _cpu.mm_gather(x.view(-1), t.x_rows, t.cin_by_plane, weight.contiguous().view(-1), t.cin_by_n,
-                       t.n_ident, y.view(-1), t.y_rows, t.ncol)
-        if bias is not None:
-            y = y + bias.view(1, -1, 1, 1)
-        ctx.save_for_backward(x, weight)
-        ctx.tables, ctx.has_bias = t, bias is not None
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        t = ctx.tables
-        b, c_in, h, w = x.shape
-        c_out = weight.shape[1]
-        g = grad.to(x.dtype).contiguous()
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:  # tree over (C_out, kh, kw)
-            gx = torch.empty_like(x)
-            _cpu.mm_gather(g.view(-1), t.y_rows, t.ncol, weight.contiguous().view(-1), t.n_ident,
-                           t.cin_by_n, gx.view(-1), t.x_rows, t.cin_by_plane)
-        if ctx.needs_input_grad[1]:  # row tree over padded input pixels
-            gw = torch.empty(weight.shape, dtype=weight.dtype)
-            _cpu.mm_gather(x.view(-1), t.cin_by_plane, t.x_rows_padded, g.view(-1), t.y_rows_padded,
-                           t.ncol, gw.view(-1), t.cin_by_n, t.n_ident)
-        if ctx.has_bias and ctx.needs_input_grad[2]:  # row tree over padded output pixels
-            gb = _bias_grad(g, t.out_rows_padded, c_out, g.shape[-2] * g.shape[-1], weight.dtype)
-        return gx, gw, gb
-
-
-def conv_transpose2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Kernel == stride transposed convolution of NCHW `x` on the CPU, bitwise the matrix path."""
-    return _GatherUpsample.apply(x, weight, bias)
-
-
-class _GatherFoldConvTranspose2d(torch.autograd.Function):
-    """ConvTranspose2d with overlapping kernels (k - s = 2·padding): each input pixel's channels
-    times (C_in, C_out·kh·kw), folded in col2im's order. The transposed convolution is the
-    input gradient of the convolution from its output back to its input (same weight, stride
-    and padding), so forward is that convolution's `_input_grad`, dx its forward and dW its
-    weight gradient: the matrix path's products and trees, without the sub-pixel kernel's
-    zero taps (2.25x the products at k = 4, s = 2)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, conv):  # type: ignore[override]
-        b, c_in, h, w = x.shape
-        c_out = weight.shape[1]
-        (kh, kw), (sh, sw), (ph, pw) = conv.kernel_size, conv.stride, conv.padding
-        ho, wo = (h - 1) * sh - 2 * ph + kh, (w - 1) * sw - 2 * pw + kw
-        # the adjoint convolution: C_out channels of (ho, wo) to C_in channels of (h, w)
-        t = _conv_tables(b, c_out, ho + 2 * ph, wo + 2 * pw, c_in, h, w, conv.kernel_size,
-                         conv.stride, conv.dilation)
-        x = x.contiguous()
-        y = _input_grad(x, weight, t, conv, (b, c_out, ho, wo), h * w, x.dtype)
-        if bias is not None:  # one rounding of the fp32 sum, as the matrix path's affine
-            y = y + bias.view(1, -1, 1, 1)
-        ctx.save_for_backward(x, weight)
-        ctx.tables, ctx.conv, ctx.has_bias = t, conv, bias is not None
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        t, conv = ctx.tables, ctx.conv
-        (ph, pw) = conv.padding
-        g = grad.to(x.dtype).contiguous()
-        gp = _padded(g, ph, pw)
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:  # the tree over (C_out, kh, kw), as g's unfolded rows @ W
-            gx = torch.empty_like(x)
-            _patches_times_weight(gp, weight, t, gx)
-        if ctx.needs_input_grad[1]:  # the row tree over each sample's input pixels
-            gw = _weight_grad(x, gp, t, conv.stride, weight)
-        if ctx.has_bias and ctx.needs_input_grad[2]:  # the row tree over output pixels
-            gb = _cpu.channel_sums(g.view(g.shape[0], g.shape[1], -1)).to(weight.dtype)
-        return gx, gw, gb, None
-
-
-def conv_transpose2d_overlapping(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                 conv) -> torch.Tensor:
-    """`conv`'s (a DetConvTranspose2d with k - s = 2·padding) transposed convolution of fp32
-    NCHW `x` on the CPU, bitwise its matrix path."""
-    return _GatherFoldConvTranspose2d.apply(x, weight, bias, conv)

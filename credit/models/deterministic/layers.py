@@ -20,6 +20,7 @@ from torch.autograd.function import once_differentiable
 from credit.kernels.gemm._ops import grouped_weight_grad, linear_local, row_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic import conv as det_conv
+from credit.models.deterministic import conv_transpose as det_conv_transpose
 from credit.models.deterministic.norms import channel_affine
 from credit.models.deterministic.slabs import fits, slab_conv2d
 
@@ -132,8 +133,8 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
             raise NotImplementedError("DetConvTranspose2d supports one group and kernel - stride = 2 * padding")
         if resolve(_BACKEND, x.device) == "cpu" and x.dtype == torch.float32:  # same bits, no copies
             if self.kernel_size == self.stride:
-                return det_conv.conv_transpose2d(x, self.weight, self.bias)
-            return det_conv.conv_transpose2d_overlapping(x, self.weight, self.bias, self)
+                return det_conv_transpose.conv_transpose2d(x, self.weight, self.bias)
+            return det_conv_transpose.conv_transpose2d_overlapping(x, self.weight, self.bias, self)
         return self.matrix_forward(x)
 
     def matrix_forward(self, x: torch.Tensor) -> torch.Tensor:
