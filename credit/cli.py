@@ -160,6 +160,10 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
 
     try:
         nproc, overrides = _split_nproc(args)
+        if nproc is not None and nproc > 1:  # its imports overlap composing and checking here
+            from credit.launch import start_forkserver
+
+            start_forkserver()
         overrides, _ = _credit_config(overrides)
         cfg = compose_config(overrides)
         if nproc is not None:

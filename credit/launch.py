@@ -108,13 +108,17 @@ def _rank(main: Callable[[list[str]], int], args: list[str], codes: str) -> None
     sys.exit(code)
 
 
-def _start_forkserver() -> None:
-    """Start the forkserver now, from this thread, bound to this process (`_bind_forkserver`).
-    PR_SET_PDEATHSIG follows the thread that started a process, so the binding holds while
-    this thread lives: the one that calls `launch` and waits in it for the ranks. (A forkserver
-    this process already runs, started by other code, is used as it is.)"""
+def start_forkserver() -> None:
+    """Start the forkserver now, from this thread, bound to this process (`_bind_forkserver`),
+    so its imports (seconds) run while this process composes and checks the config and imports
+    the agent. PR_SET_PDEATHSIG follows the thread that started a process, so the binding holds
+    while this thread lives: the one that calls `launch` and waits in it for the ranks. Ranks
+    see the environment as it is now. (A forkserver already running, started here earlier or
+    by other code, is used as it is.)"""
     from multiprocessing import forkserver
 
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
     os.environ[LAUNCHER_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
@@ -129,10 +133,7 @@ def launch(nproc: int, main: Callable[[list[str]], int], args: Sequence[str],
     agent saw every rank succeed, and the exit codes the ranks recorded (one per rank that
     got as far as recording it). Raises LaunchStopped when SIGTERM or SIGINT stopped the
     launch (the ranks stopped first)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
-    # the forkserver's imports (seconds) run while this process imports the agent's torch
-    _start_forkserver()
+    start_forkserver()  # a no-op when the command started it already
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

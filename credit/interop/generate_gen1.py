@@ -112,13 +112,17 @@ def generate_credit_gen1(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
         write_atomically(statistics_dataset(ds, level, name, train_years), out / f"{name}_{stats_tag}.nc")
     write_atomically(_latitude_weights(static), out / LATW_FILE)
 
-    conf = _config(out, seed, train_years, valid_years, level, model, stats_tag)
+    write_credit_config(out, _config(out, seed, train_years, valid_years, level, model, stats_tag), "gen1")
+    return out
+
+
+def write_credit_config(out: Path, conf: dict, schema: str) -> None:
+    """`out`/credit.yml: the config CREDIT's `applications/train_{schema}.py` trains on."""
     text = yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
     (out / CONFIG_FILE).write_text(
-        "# Written by `credit data generate --layout credit-gen1`: NCAR CREDIT gen1 config for the synthetic\n"
-        f"# dataset in {out} (train on it with CREDIT's applications/train_gen1.py -c {out / CONFIG_FILE}).\n"
-        + text)
-    return out
+        f"# Written by `credit data generate --layout credit-{schema}`: NCAR CREDIT {schema} config for the "
+        f"synthetic\n# dataset in {out} (train on it with CREDIT's applications/train_{schema}.py -c "
+        f"{out / CONFIG_FILE}).\n" + text)
 
 
 def crossformer_section(grid: tuple[int, int], n_levels: int) -> dict:

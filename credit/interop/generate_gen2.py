@@ -28,15 +28,13 @@ from typing import Sequence
 
 import numpy as np
 import xarray as xr
-import yaml
 
 from credit.data.generate import (FORCING, FORMATS, STATIC, SURFACE, UPPER_AIR, GenerateError, checked_arguments,
                                   generate_dataset, prepare_output_dir, write_atomically)
-from credit.interop.generate_gen1 import crossformer_section, statistics_dataset
+from credit.interop.generate_gen1 import CONFIG_FILE, crossformer_section, statistics_dataset, write_credit_config
 
 DATA_PREFIX = "ERA5_gen2_6h_"
 STATIC_FILE = "static.nc"
-CONFIG_FILE = "credit.yml"
 _TMP_PREFIX = ".credit_gen2_tmp_"
 
 
@@ -99,12 +97,7 @@ def generate_credit_gen2(out: str | Path, *, grid: tuple[int, int] = (32, 64), y
 
     periods = {"train": (f"{train_years[0]:04d}-01-01T00:00:00", last_times[train_years[-1]]),
                "valid": (f"{valid_years[0]:04d}-01-01T00:00:00", last_times[valid_years[-1]])}
-    conf = _config(out, seed, periods, level, model, stats_tag, suffix)
-    text = yaml.safe_dump(conf, sort_keys=False, default_flow_style=False)
-    (out / CONFIG_FILE).write_text(
-        "# Written by `credit data generate --layout credit-gen2`: NCAR CREDIT gen2 config for the synthetic\n"
-        f"# dataset in {out} (train on it with CREDIT's applications/train_gen2.py -c {out / CONFIG_FILE}).\n"
-        + text)
+    write_credit_config(out, _config(out, seed, periods, level, model, stats_tag, suffix), "gen2")
     return out
 
 

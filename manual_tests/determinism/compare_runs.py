@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-import tempfile
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from credit.train.metrics import MEASURED_COLUMNS
 
@@ -30,10 +32,25 @@ def metrics(run: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in csv.DictReader(f)]
 
 
+_STATES: OrderedDict[tuple[str, int], dict[str, torch.Tensor]] = OrderedDict()
+
+
 def final_state(run: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the run's latest `step_N` checkpoint, by dotted key."""
+    """Every tensor of the run's latest `step_N` checkpoint, by dotted key. Read once per
+    checkpoint as written (a process comparing one reference with many runs reads it once)."""
     checkpoint = max((p for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit()),
                      key=lambda p: int(p.name[5:]))
+    key = (str(checkpoint.resolve()), (checkpoint / ".metadata").stat().st_mtime_ns)
+    if key in _STATES:
+        _STATES.move_to_end(key)
+    else:
+        _STATES[key] = _read(checkpoint)
+        while len(_STATES) > 2:  # the reference and the run compared with it: a state is large
+            _STATES.popitem(last=False)
+    return _STATES[key]
+
+
+def _read(checkpoint: Path) -> dict[str, torch.Tensor]:
     flat: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, value: object) -> None:
@@ -43,9 +60,11 @@ def final_state(run: Path) -> dict[str, torch.Tensor]:
         elif isinstance(value, torch.Tensor):
             flat[prefix] = value
 
-    with tempfile.TemporaryDirectory() as scratch:
-        dcp_to_torch_save(checkpoint, f"{scratch}/state.pt")
-        walk("", torch.load(f"{scratch}/state.pt", weights_only=False))
+    # what dcp_to_torch_save does, without writing the whole state to a file and reading it back
+    state: dict = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(checkpoint), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    walk("", state)
     return flat
 
 
