@@ -73,10 +73,15 @@ def mode(value: Any, conf: Mapping[str, Any]):
     return [("trainer.parallelism.data", parallel[value])]
 
 
+# CREDIT's deterministic ERA5 trainers; 'standard' is the v1 name of its ERA5 trainer, which the
+# arXiv 2024 and older gen1 configs use (CREDIT's own `credit convert` maps it to the ERA5 trainer)
+ERA5_TRAINERS = ("era5-gen1", "era5", "standard", "cam", "gen2", "era5-gen2")
+
+
 def trainer_type(value: Any, conf: Mapping[str, Any]):
-    return [] if value in ("era5-gen1", "era5", "cam", "gen2", "era5-gen2") else (
-        f"trainer.type: {value!r}; this project trains CREDIT's deterministic ERA5 trainers (era5-gen1, era5, gen2, "
-        "era5-gen2)")
+    return [] if value in ERA5_TRAINERS else (
+        f"trainer.type: {value!r}; this project trains CREDIT's deterministic ERA5 trainers "
+        f"({', '.join(ERA5_TRAINERS)})")
 
 
 def steps(value: Any, conf: Mapping[str, Any]):

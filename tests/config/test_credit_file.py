@@ -163,6 +163,15 @@ def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("trainer_type", ["era5-gen1", "era5", "standard", "cam"])
+def test_credits_era5_trainer_types_map_and_others_are_refused(trainer_type):
+    """'standard' is the v1 name of CREDIT's ERA5 trainer (its arXiv 2024 and older gen1 configs;
+    CREDIT's `credit convert` maps it to the ERA5 trainer): accepted as era5 is."""
+    assert map_credit_file({"trainer": {"type": trainer_type}}).refused == []
+    refused = map_credit_file({"trainer": {"type": "ic-opt"}}).refused
+    assert len(refused) == 1 and "trainer.type: 'ic-opt'" in refused[0] and "standard" in refused[0]
+
+
 def test_the_docs_table_names_every_row():
     page = (Path(__file__).resolve().parents[2] / "docs" / "credit_config.md").read_text()
     for rule in TABLE:
