@@ -61,9 +61,18 @@ def same_as(other: str) -> Convert:
     return convert
 
 
+# scaler types CREDIT's gen1 trainer reads (credit/transforms at 5e14b83c) that this project does not:
+# it refuses any other value itself ('std', of the older configs, is among them)
+CREDIT_SCALERS = ("std_cached", "quantile-cached", "bridgescaler", "std-les", "std-wrf")
+
+
 def scaler(value: Any, conf: Mapping[str, Any]):
-    return [] if value == "std_new" else (f"data.scaler_type: {value!r}; only 'std_new' (mean_path/std_path "
-                                          "z-scores) is read here")
+    if value == "std_new":
+        return []
+    if value in CREDIT_SCALERS:
+        return f"data.scaler_type: {value!r}; only 'std_new' (mean_path/std_path z-scores) is read here"
+    return (f"data.scaler_type: {value!r}; CREDIT's own trainer refuses it too (its scaler types: 'std_new', "
+            f"{', '.join(repr(s) for s in CREDIT_SCALERS)}); 'std_new' is its z-score scaler")
 
 
 def mode(value: Any, conf: Mapping[str, Any]):

@@ -172,6 +172,14 @@ def test_credits_era5_trainer_types_map_and_others_are_refused(trainer_type):
     assert len(refused) == 1 and "trainer.type: 'ic-opt'" in refused[0] and "standard" in refused[0]
 
 
+def test_a_scaler_credit_refuses_too_says_so():
+    old = map_credit_file({"data": {"scaler_type": "std"}}).refused
+    assert len(old) == 1 and "'std'" in old[0] and "CREDIT's own trainer refuses it too" in old[0]
+    cached = map_credit_file({"data": {"scaler_type": "std_cached"}}).refused
+    assert len(cached) == 1 and "only 'std_new'" in cached[0]
+    assert map_credit_file({"data": {"scaler_type": "std_new"}}).refused == []
+
+
 def test_the_docs_table_names_every_row():
     page = (Path(__file__).resolve().parents[2] / "docs" / "credit_config.md").read_text()
     for rule in TABLE:
