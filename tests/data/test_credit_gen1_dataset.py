@@ -4,7 +4,10 @@ the target equal CREDIT's, in five data configurations."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +185,16 @@ def test_a_nan_in_a_data_file_is_one_error_naming_file_variable_time_and_level(t
     with pytest.raises(DataError, match=rf"1 non-finite values \(NaN first\) in 'T' of .*era5_2000\.nc at time "
                                         rf"{first}, level 850; CREDIT's layouts are read as they are"):
         dataset[0]
+
+
+def test_a_fresh_process_unpickles_the_dataset_as_a_spawned_loader_worker_does(tmp_path):
+    """A DataLoader worker started by spawn or forkserver (Python 3.14's default on Linux)
+    unpickles the dataset in a process that has imported nothing: `credit.interop` first."""
+    ds = _dataset(_expected("A")["config"], "train")
+    pickled = tmp_path / "dataset.pkl"
+    pickled.write_bytes(pickle.dumps(ds))
+    code = ("import pickle, sys; ds = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(len(ds), tuple(ds[0]['state'].shape))")
+    result = subprocess.run([sys.executable, "-c", code, str(pickled)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[0] == str(len(ds)) and str(tuple(ds[0]["state"].shape)) in result.stdout
