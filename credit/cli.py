@@ -183,6 +183,7 @@ def _train(args: Sequence[str]) -> int:
     if code is not None:
         return code
     from credit.checkpoint import CheckpointError
+    from credit.checkpoint.resume import RunDirHoldsRun
     from credit.config import ConfigError
     from credit.data import DataError
     from credit.diagnostics import SDCError
@@ -191,7 +192,7 @@ def _train(args: Sequence[str]) -> int:
 
     try:
         run_training(cfg)
-    except (ConfigError, FloatingPointError, RunDirInUse, NotADirectoryError) as error:  # the same on every rank
+    except (ConfigError, FloatingPointError, RunDirInUse, RunDirHoldsRun, NotADirectoryError) as error:  # the same on every rank
         return _fail(str(error), every_rank=False)
     except (DataError, CheckpointError, FileExistsError, FileNotFoundError) as error:
         return _fail(str(error))

@@ -28,6 +28,11 @@ from credit.models.ema import EMA
 log = logging.getLogger(__name__)
 
 
+class RunDirHoldsRun(FileExistsError):
+    """`trainer.resume=never` on a run directory that holds a run: rank 0's verdict, which
+    every rank raises."""
+
+
 def _decide(resume: str, run_dir: Path, checkpoints: CheckpointManager) -> tuple[str, str | None]:
     """("resume", path), ("fresh", None) or ("refuse", why), judged from the files."""
     latest = checkpoints.latest()
@@ -51,15 +56,15 @@ def resume_source(
     """The checkpoint `trainer.resume` names for this run, or None to start fresh.
 
     Rank 0 decides for every rank (a slower rank must not look at the run directory after
-    rank 0 has started writing into it). Raises FileExistsError for `never` on a run
-    directory that already holds a run.
+    rank 0 has started writing into it). Raises RunDirHoldsRun (a FileExistsError) for
+    `never` on a run directory that already holds a run.
     """
     decision = [_decide(resume, Path(run_dir), checkpoints) if is_main else None]
     if dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(decision, src=0)
     verdict, detail = decision[0]
     if verdict == "refuse":
-        raise FileExistsError(detail)
+        raise RunDirHoldsRun(detail)
     return Path(detail) if verdict == "resume" else None
 
 
