@@ -19,6 +19,13 @@ would finish the run with nobody waiting, then hang holding the run directory's 
 Linux the kernel ends them: the forkserver asks for SIGKILL when the launcher dies, and each
 rank for SIGKILL when the forkserver dies (PR_SET_PDEATHSIG). Elsewhere nothing binds them.
 A rank's DataLoader workers are its own children, which torch ends when their rank dies.
+
+A rank starts as its launch finds the launching process, not as the forkserver was when it
+started: the same environment (plus the variables the agent sets: RANK, WORLD_SIZE, ...),
+working directory and stdout/stderr (passed as file descriptors, multiprocessing's own way).
+So a program that launches several times from one process (a driver script, a notebook, the
+test suite) reuses one forkserver, and each launch's ranks see that launch's settings. The
+launch leaves the caller's signal handlers as it found them.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Sequence
+from multiprocessing import reduction
 from pathlib import Path
 
 # What every rank imports before its first step; the forkserver imports them once. This module
@@ -77,6 +86,68 @@ def _bind_forkserver() -> None:
 
 
 _bind_forkserver()
+# The environment this module was imported with: in a rank, the forkserver's. What differs
+# from it in a rank is what the agent set for that rank.
+_IMPORTED_ENV = dict(os.environ)
+_LAUNCH_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                        if hasattr(signal, name))
+
+
+class _PassedFd:
+    """A file descriptor of the launching process, handed to each rank as it starts: pickled
+    (once per rank) while multiprocessing starts that rank, so the descriptor travels with it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        return (_same_fd_in_rank, (reduction.DupFd(self.fd),))
+
+
+def _same_fd_in_rank(passed) -> int:
+    return passed.detach()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+class LaunchContext:
+    """What a process forked from the forkserver takes from the process that starts it (a
+    launch's ranks from their launcher): environment, working directory, stdout and stderr.
+    Made in the starting process and passed to the started one, which calls `apply`."""
+
+    def __init__(self) -> None:
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.stdout = _PassedFd(1) if _is_open(1) else None
+        self.stderr = _PassedFd(2) if _is_open(2) else None
+
+    def apply(self) -> None:
+        """In the started process: write where the starter writes; and when forked from the
+        forkserver (whose environment `_IMPORTED_ENV` is), take the starter's environment and
+        working directory, keeping what the agent set for this rank."""
+        if _IMPORTED_IN != os.getpid():
+            set_by_agent = {k: v for k, v in os.environ.items() if _IMPORTED_ENV.get(k) != v}
+            os.environ.clear()
+            os.environ.update(self.environ)
+            os.environ.update(set_by_agent)
+            threads = os.environ.get("OMP_NUM_THREADS", "")
+            if threads.isdigit() and int(threads) >= 1 and threads != _IMPORTED_ENV.get("OMP_NUM_THREADS"):
+                import torch  # preloaded: its thread count was read when the forkserver imported it
+
+                torch.set_num_threads(int(threads))
+            os.chdir(self.cwd)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for passed, target in ((self.stdout, 1), (self.stderr, 2)):
+            if isinstance(passed, int) and passed != target:
+                os.dup2(passed, target)
+                os.close(passed)
 
 
 def _name_process(rank: str) -> None:
@@ -87,10 +158,11 @@ def _name_process(rank: str) -> None:
         pass
 
 
-def _rank(main: Callable[[list[str]], int], args: list[str], codes: str) -> None:
+def _rank(main: Callable[[list[str]], int], args: list[str], codes: str, context: LaunchContext) -> None:
     """One rank: `main(args)`'s exit code goes to `codes`/RANK.code and is the process's."""
     if _IMPORTED_IN != os.getpid():  # forked from the forkserver, which preloaded this module
         _end_with_parent(_IMPORTED_IN)
+    context.apply()
     # ^C reaches every rank of the terminal's process group: end at once, as on SIGTERM (the
     # launcher says why), not through a KeyboardInterrupt whose clean-up could wait on peers
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -143,9 +215,14 @@ def launch(nproc: int, main: Callable[[list[str]], int], args: Sequence[str],
                           start_method="forkserver")
     if not debug:
         logging.disable(logging.ERROR)  # each failing rank prints its own one `error:` line
+    # the agent installs its own handlers (to stop the ranks) and leaves them behind
+    handlers = ({s: signal.getsignal(s) for s in _LAUNCH_SIGNALS}
+                if threading.current_thread() is threading.main_thread() else {})
+    sys.stdout.flush()
+    sys.stderr.flush()
     with tempfile.TemporaryDirectory() as codes:
         try:
-            elastic_launch(config, _rank)(main, list(args), codes)
+            elastic_launch(config, _rank)(main, list(args), codes, LaunchContext())
             succeeded = True
         except ChildFailedError as error:
             if debug:
@@ -155,4 +232,7 @@ def launch(nproc: int, main: Callable[[list[str]], int], args: Sequence[str],
             raise LaunchStopped(stop.sigval) from None
         finally:
             logging.disable(logging.NOTSET)
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
         return succeeded, [int(p.read_text()) for p in sorted(Path(codes).glob("*.code"))]

@@ -53,6 +53,7 @@ HEAVY = {
     "parallel/test_credit_tp.py",
     "parallel/test_deterministic_tp.py",
     "parallel/test_distributed_training.py",
+    "parallel/test_launch_context.py",
     "parallel/test_launcher_death.py",
     "parallel/test_seeding_and_sampling.py",
     "parallel/test_sequence_parallel.py",
@@ -80,17 +81,17 @@ HEAVY = {
 # out files in collection order (with its reordering by test count turned off, below), so the
 # two workers start on these and end together instead of one worker starting a ten-minute file
 # last.
-LONGEST_FIRST = (  # by their summed --durations in a clean-clone run (Zen 3, 2026-11-28)
+LONGEST_FIRST = (  # by their summed --durations in clean-clone runs (Zen 3, 2026-11-28)
+    "manual/test_gpu_kit.py",
     "train/test_deterministic_training.py",
     "rollout/test_default_skill.py",
     "parallel/test_credit_config_layouts.py",
     "diagnostics/test_sdc_training.py",
-    "manual/test_gpu_kit.py",
     "parallel/test_distributed_training.py",
-    "plan/test_plan_command.py",
-    "parallel/test_sequence_parallel_training.py",
-    "plan/test_plan_estimates.py",
     "parallel/test_tp_parity_acceptance.py",
+    "parallel/test_sequence_parallel_training.py",
+    "plan/test_plan_command.py",
+    "plan/test_plan_estimates.py",
 )
 
 

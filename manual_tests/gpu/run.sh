@@ -272,8 +272,8 @@ if (( SIZES && DRY_RUN )); then
     "$PYTHON" - "$SECTION_1DEG" <<'PY' >>"$LOG" 2>&1
 import sys, yaml
 conf = yaml.safe_load(open("benchmarks/configs/wxformer_1deg.yml"))
-conf["model"].update(image_height=40, image_width=80, dim=[8, 16, 32, 64], dim_head=4)
-conf["model"]["padding_conf"].update(pad_lat=[12, 12], pad_lon=[24, 24])
+conf["model"].update(image_height=40, image_width=40, dim=[8, 16, 32, 64], dim_head=4)
+conf["model"]["padding_conf"].update(pad_lat=[12, 12], pad_lon=[12, 12])
 yaml.safe_dump(conf, open(sys.argv[1], "w"))
 PY
     STEP_AT_SIZE=(--steps 1)

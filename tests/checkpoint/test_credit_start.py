@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 import torch
 import yaml
 from credit_fixtures import CHECKPOINT_RUN, credit_run_config
@@ -154,15 +153,13 @@ def test_fsdp_modes_files_are_refused_in_one_line(tmp_path):
 def test_credit_train_continues_then_resumes_from_its_own_checkpoint(tmp_path):
     config = credit_run_config(tmp_path)
     common = ["train", "--credit-config", str(config), "trainer.progress_bar=false", "trainer.log_every_n_steps=1"]
-    first = subprocess.run([sys.executable, "-m", "credit.cli", *common], capture_output=True, text=True,
-                           env=ENV, timeout=300)
+    first = credit_command(*common, env=ENV, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "continuing CREDIT's run from" in first.stdout + first.stderr, first.stdout
     run = tmp_path / "run"
     steps = [int(row["step"]) for row in read_metrics(run / "metrics.csv")]
     assert steps == [3, 4]  # CREDIT's epochs: 2, at 2 batches each; it had taken 2 steps
-    second = subprocess.run([sys.executable, "-m", "credit.cli", *common, "trainer.max_steps=5"],
-                            capture_output=True, text=True, env=ENV, timeout=300)
+    second = credit_command(*common, "trainer.max_steps=5", env=ENV, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     log = second.stdout + second.stderr
     assert "resumed from" in log and "continuing CREDIT's run" not in log, log

@@ -7,11 +7,10 @@ Real torch.save files of a real model, real hydra composition, real DCP director
 
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 import torch
 
 import credit
@@ -127,8 +126,7 @@ def _cli(*args):
     src = str(Path(credit.__file__).resolve().parents[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=180)
+    return credit_command(*args, env=env, timeout=180)
 
 
 def test_convert_checkpoint_then_train_continues(saved, tiny_overrides, tmp_path, capsys):

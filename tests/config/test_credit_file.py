@@ -9,11 +9,11 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from launches import credit_command
 import torch
 import xarray as xr
 import yaml
@@ -31,8 +31,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return credit_command(*args, env=ENV, timeout=timeout)
 
 
 @pytest.mark.parametrize("case", ["mse_train", "huber_train"])

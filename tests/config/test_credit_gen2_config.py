@@ -9,10 +9,10 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 import xarray as xr
 import yaml
 
@@ -25,8 +25,7 @@ WHOLE_FILES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "cr
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+    return credit_command(*args, env=ENV)
 
 
 @pytest.fixture(scope="module")

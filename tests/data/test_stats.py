@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import netCDF4
 import numpy as np
 import pytest
+from launches import credit_command
 import xarray as xr
 from datahelpers import LEVELS, ZARR_FILES
 from tiny import tiny_overrides
@@ -126,10 +125,8 @@ def test_its_output_trains(tiny_data, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = tiny_overrides(root, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=2",
                           "trainer.valid_every_n_steps=0", "data.valid_samples=4")
-    made = subprocess.run([sys.executable, "-m", "credit.cli", "data", "stats", "--no-progress", *base],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    made = credit_command("data", "stats", "--no-progress", *base, env=env, cwd=REPO)
     assert made.returncode == 0, made.stderr[-2000:]
-    trained = subprocess.run([sys.executable, "-m", "credit.cli", "train", *base],
-                             capture_output=True, text=True, env=env, cwd=REPO)
+    trained = credit_command("train", *base, env=env, cwd=REPO)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert (tmp_path / "run" / "metrics.csv").exists()

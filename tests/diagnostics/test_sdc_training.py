@@ -13,12 +13,11 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from manual_scripts import run_script
+from launches import credit_command
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 LAYOUT = ["trainer.parallelism.data=fsdp2", "trainer.parallelism.tensor=2"]
@@ -26,8 +25,7 @@ CHECKED = ["diagnostics.sdc.enabled=true", "trainer.valid_every_n_steps=0"]
 
 
 def _credit(*args):
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True,
-                          text=True, env=ENV, timeout=600)
+    return credit_command(*args, env=ENV)
 
 
 def _rows(run: Path) -> list[dict[str, str]]:

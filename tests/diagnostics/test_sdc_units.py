@@ -5,11 +5,10 @@ after the last verified step)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from launches import credit_command
 import torch
 
 from credit.diagnostics.checksum import bit_checksum, chunk_checksums, flip_bit
@@ -19,8 +18,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _credit(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True,
-                          text=True, env=ENV, timeout=timeout)
+    return credit_command(*args, env=ENV, timeout=timeout)
 
 
 @pytest.mark.parametrize("dtype,int_type", [(torch.float32, np.int32), (torch.bfloat16, np.int16),

@@ -99,7 +99,7 @@ def test_sizes_dry_run_writes_every_table_named_after_the_commit(tmp_path):
             if line.startswith("| ") and line.split("|")[1].strip() in ("wxformer", "crossformer", "nextgen_wxformer")}
     # the padded classes run on the section's grid; nextgen_wxformer, which pads nothing, on the
     # nearest grid its windows tile
-    assert rows == {"wxformer": "40x80", "crossformer": "40x80", "nextgen_wxformer": "64x128"}, one_degree
+    assert rows == {"wxformer": "40x40", "crossformer": "40x40", "nextgen_wxformer": "64x64"}, one_degree
     for model in rows:
         assert f"## {model}: median of 1 profiled steps per mode, self CPU time by operation family" in one_degree
     assert "| det / fast (per-pair range) |" in one_degree and "| fast TFLOP per step |" in one_degree

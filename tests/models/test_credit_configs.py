@@ -11,11 +11,10 @@ overrides that `credit convert-checkpoint` and `credit plan` compose and validat
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 import yaml
 
 from credit.interop.checkpoint_import import describe_credit_model
@@ -69,8 +68,7 @@ def test_credit_check_command_prints_the_class_count_and_config(tmp_path):
     entry = CONFIGS["config/gen_2/smoke/smoke_gen2_casper.yml"]
     file = tmp_path / "credit.yml"
     file.write_text(yaml.safe_dump({"model": entry["model"]}))
-    result = subprocess.run([sys.executable, "-m", "credit.cli", "check", "--credit-config", str(file),
-                             "trainer.max_steps=3"], capture_output=True, text=True, timeout=300,
+    result = credit_command("check", "--credit-config", file, "trainer.max_steps=3",
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "credit.models.crossformer.CrossFormer, built here as model=crossformer" in result.stdout
@@ -84,8 +82,7 @@ def test_credit_check_refuses_a_post_block_credit_runs_and_credit_does_not_in_on
     section = {**section, "post_conf": {**section["post_conf"], "skebs": {"activate": True}}}
     file = tmp_path / "credit.yml"
     file.write_text(yaml.safe_dump({"model": section}))
-    result = subprocess.run([sys.executable, "-m", "credit.cli", "check", "--credit-config", str(file)],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = credit_command("check", "--credit-config", file, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.post_conf.skebs is active" in errors[0], result.stderr

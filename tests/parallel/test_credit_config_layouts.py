@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from credit_fixtures import CHECKPOINT_RUN, credit_run_config
+from launches import credit_command
 from manual_scripts import run_script
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True, text=True,
-                          env=ENV, timeout=600)
+    return credit_command(*args, env=ENV)
 
 
 @pytest.mark.parametrize("layout", ["credit-gen1", "credit-gen2"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from launcher import RankFailure, run_ranks
+from launches import credit_command
 from processes import kill_last_rank
 from tiny import tiny_overrides
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -213,6 +214,7 @@ def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, 
     assert agent.wait(timeout=300) != 0  # the launch ends once the agent, at nice 19, sees the loss
     stopped_at = CheckpointManager(killed / "checkpoints", 2).complete_checkpoints()[-1][0]
     assert 6 <= stopped_at < 12
-    assert subprocess.run(launch, env=env, capture_output=True, timeout=600).returncode == 0
+    resumed = credit_command(*launch[3:], env=env)  # `credit train --nproc 4 ...` again: resume=auto
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight = _losses(run_2x2["root"] / "straight")
     assert _losses(killed) == straight and len(straight) == 12

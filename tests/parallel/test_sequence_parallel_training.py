@@ -5,10 +5,9 @@ and gives one process's per-step losses within the 1e-5 relative of docs/paralle
 resumes at dp4 without sequence parallelism."""
 
 import os
-import subprocess
-import sys
 
 from tiny import tiny_data_overrides
+from launches import credit_command
 from manual_scripts import run_script
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -17,8 +16,7 @@ CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padd
 
 
 def _train(nproc: int, *overrides: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc), *overrides],
-                            capture_output=True, text=True, env=ENV, timeout=600)
+    result = credit_command("train", "--nproc", nproc, *overrides, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 

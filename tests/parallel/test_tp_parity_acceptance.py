@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from tiny import tiny_overrides
+from launches import credit_command
 from manual_scripts import run_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ def _run(args, **kwargs):
 
 
 def _credit_train(nproc, *overrides):
-    result = _run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc), *overrides])
+    result = credit_command("train", "--nproc", nproc, *overrides, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -4,10 +4,10 @@ error line for each bad input (nothing written)."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 
 from credit.cli import main
 from credit.models.credit.checkpoint import read_credit_model_section
@@ -20,8 +20,7 @@ CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padd
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "credit.cli", "plan", "--no-progress", *args],
-                          capture_output=True, text=True, env=ENV, timeout=600, cwd=REPO)
+    return credit_command("plan", "--no-progress", *args, env=ENV, cwd=REPO)
 
 
 def test_plan_prints_every_layout_and_what_fits(tmp_path):

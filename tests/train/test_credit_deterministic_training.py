@@ -15,12 +15,11 @@ whole (dp, tp) matrix through `credit train` is run on the default model
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 from test_deterministic_training import _same_bits
 from tiny import post_block_overrides, tiny_data_overrides, write_physics_file
+from launches import credit_command
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 WXFORMER = ["model=wxformer", "model.dim=[8,16,32,64]", "model.dim_head=4",
@@ -37,8 +36,7 @@ CROSSFORMER = ["model=crossformer", "model.upsample_v_conv=true", "model.attenti
 
 
 def _train(nproc, *overrides):
-    return subprocess.run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc), *overrides],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+    return credit_command("train", "--nproc", nproc, *overrides, env=ENV)
 
 
 @pytest.mark.parametrize("model", [WXFORMER, CROSSFORMER], ids=["wxformer", "crossformer"])

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launches import credit_command
 from processes import kill_last_rank
 from manual_scripts import run_script
 
@@ -41,8 +42,7 @@ LAYOUTS = [(1, 1, False), (1, 4, False), (2, 2, False), (4, 1, False), (1, 4, Tr
 
 
 def _train(overrides, nproc):
-    result = subprocess.run([sys.executable, "-m", "credit.cli", "train", "--nproc", str(nproc),
-                             *overrides], capture_output=True, text=True, env=ENV, timeout=600)
+    result = credit_command("train", "--nproc", nproc, *overrides, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -11,6 +11,8 @@ import pytest
 
 import credit
 import credit.train
+from launches import credit_command
+
 from credit.cli import main as credit_main
 from credit.train.metrics import read_metrics
 from credit.train.run_lock import RunDirInUse, acquire
@@ -22,8 +24,7 @@ SRC = str(Path(credit.__file__).resolve().parents[1])
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return credit_command(*args, env=env, timeout=300)
 
 
 def _one_error_line(stderr: str) -> str:
@@ -231,3 +232,17 @@ def test_a_refused_multi_rank_job_prints_one_line_and_no_launcher_report(tiny_ov
     assert f"run_dir {run} is in use by pid {os.getpid()}" in _one_error_line(result.stderr)
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
     assert _snapshot(run) == {}
+
+
+def test_resume_never_on_a_run_is_one_line_from_two_ranks_and_changes_nothing(tiny_overrides, tmp_path):
+    # rank 0 judges the run directory and every rank raises its verdict: one line, not one a rank
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.csv").write_text("step,epoch,split,loss\n1,0,train,0.5\n")
+    before = _snapshot(run)
+    result = credit_command("train", "--nproc", "2", "parallelism=ddp",
+                            *tiny_overrides(run, "trainer.max_steps=2", "trainer.resume=never"),
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "trainer.resume=never would overwrite it" in _one_error_line(result.stderr)
+    assert _snapshot(run) == before

@@ -11,10 +11,10 @@ and trapezoid rule). A post block that names no channel of the data is one error
 import glob
 import os
 import subprocess
-import sys
 
 import numpy as np
 import xarray as xr
+from launches import credit_command
 from tiny import TINY_LEVELS, post_block_overrides, tiny_data_overrides, write_physics_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -25,8 +25,7 @@ THRESHOLD = 250.0
 
 
 def _credit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "credit.cli", *args], capture_output=True, text=True,
-                          env=ENV, timeout=600)
+    return credit_command(*args, env=ENV)
 
 
 def _dry_air_mass(q: np.ndarray, physics: xr.Dataset) -> float:

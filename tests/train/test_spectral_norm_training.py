@@ -3,12 +3,11 @@ judged by manual_tests/gen2_parallelism/check_parity.py, and the dp2 x tp2 check
 resumed in one process (u, v as stored; training continues on the tp2 losses)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from tiny import tiny_overrides
+from launches import credit_command
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from credit.config import compose_config
@@ -22,21 +21,17 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 SN = ["model.use_spectral_norm=true"]
 
 
-def _run(args):
-    result = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("sn_parity")
     base = tiny_overrides(tiny_data, *SN, "trainer.max_steps=10", "trainer.batch_size=2",
                           "trainer.checkpoint.every_n_steps=5", "data.valid_samples=4")
-    train = [sys.executable, "-m", "credit.cli", "train"]
-    _run([*train, "--nproc", "1", *base, "trainer.batch_size=4", f"run_dir={root / 'serial'}"])
-    tp2 = _run([*train, "--nproc", "4", *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
-                f"run_dir={root / 'tp2'}"])
+    serial = credit_command("train", "--nproc", "1", *base, "trainer.batch_size=4", f"run_dir={root / 'serial'}",
+                            env=ENV)
+    assert serial.returncode == 0, serial.stdout[-3000:] + serial.stderr[-3000:]
+    tp2 = credit_command("train", "--nproc", "4", *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
+                         f"run_dir={root / 'tp2'}", env=ENV)
+    assert tp2.returncode == 0, tp2.stdout[-3000:] + tp2.stderr[-3000:]
     return {"root": root, "base": base, "tp2": tp2}
 
 

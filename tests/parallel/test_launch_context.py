@@ -1,0 +1,48 @@
+"""`credit.launch.launch` called more than once from one process: one forkserver serves every
+launch, and each launch's ranks take that launch's environment, working directory and output,
+not the process's as it was when the forkserver started; the caller's signal handlers stay."""
+
+from __future__ import annotations
+
+import os
+import signal
+from multiprocessing import forkserver
+
+from launches import environment, output_to
+
+from credit.launch import launch
+
+
+def report(args: list[str]) -> int:
+    """A rank's main: what it sees, on its stdout and its stderr."""
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} sees {os.environ.get('LAUNCH_MARK')} "
+          f"in {os.getcwd()} with {args[0]}", flush=True)
+    os.write(2, f"rank {os.environ['RANK']} to stderr\n".encode())
+    return 0
+
+
+def test_each_launch_gives_its_ranks_its_environment_folder_and_output(tmp_path):
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    forkservers = set()
+    for mark in ("first", "second"):
+        folder = tmp_path / mark
+        folder.mkdir()
+        out, err = folder / "out.txt", folder / "err.txt"
+        fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in (out, err)]
+        here = os.getcwd()
+        try:
+            os.chdir(folder)
+            with environment({**os.environ, "LAUNCH_MARK": mark}), output_to(*fds):
+                succeeded, codes = launch(2, report, [f"args-{mark}"])
+        finally:
+            os.chdir(here)
+            for fd in fds:
+                os.close(fd)
+        assert succeeded and codes == [0, 0]
+        lines = sorted(out.read_text().splitlines())
+        assert lines == [f"rank {r} of 2 sees {mark} in {folder} with args-{mark}" for r in (0, 1)], lines
+        assert sorted(err.read_text().splitlines()) == ["rank 0 to stderr", "rank 1 to stderr"]
+        forkservers.add(forkserver._forkserver._forkserver_pid)
+    assert len(forkservers) == 1  # started by the first launch, reused by the second
+    assert "LAUNCH_MARK" not in os.environ
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
