@@ -185,8 +185,8 @@ def start_forkserver() -> None:
     so its imports (seconds) run while this process composes and checks the config and imports
     the agent. PR_SET_PDEATHSIG follows the thread that started a process, so the binding holds
     while this thread lives: the one that calls `launch` and waits in it for the ranks. Ranks
-    see the environment as it is now. (A forkserver already running, started here earlier or
-    by other code, is used as it is.)"""
+    see the environment as it is at their launch (`LaunchContext`). (A forkserver already
+    running, started here earlier or by other code, is used as it is.)"""
     from multiprocessing import forkserver
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
