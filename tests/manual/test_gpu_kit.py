@@ -1,5 +1,9 @@
 """The GPU kit's dry run: every step of manual_tests/gpu/run.sh on CPU at tiny sizes, so the
-kit a lent GPU machine runs cannot rot between the sessions that get one."""
+kit a lent GPU machine runs cannot rot between the sessions that get one.
+
+The kit's `python` here is tests/warm_python.py's: each of the kit's thirty-odd interpreters
+(and their own `sys.executable` children) forks from one that imported torch and this package
+once, instead of importing them again (most of a dry run's CPU otherwise)."""
 
 from __future__ import annotations
 
@@ -10,13 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from warm_python import WarmPython
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="module")
+def python(tmp_path_factory):
+    with WarmPython(tmp_path_factory.mktemp("warm_python")) as warm:
+        yield warm.executable
+
+
 @pytest.mark.timeout(1800)  # nine steps, each a fresh process; the first may compile the CPU GEMM
-def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
+def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path, python):
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+    env = {**os.environ, "OUT": str(out), "PYTHON": python,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=1800)
@@ -52,11 +64,11 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path):
         assert ("self CPU time by operation family" in determinism) == (model is None), determinism
 
 
-def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
+def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path, python):
     """The device tool stops a command at its limit: the kit keeps to KIT_BUDGET_S and its
     report, rewritten after every step, names what it had no time for; the exit is non-zero."""
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "KIT_BUDGET_S": "1",
+    env = {**os.environ, "OUT": str(out), "PYTHON": python, "KIT_BUDGET_S": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=300)
@@ -70,12 +82,12 @@ def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path):
 
 
 @pytest.mark.timeout(1200)
-def test_sizes_dry_run_writes_every_table_named_after_the_commit(tmp_path):
+def test_sizes_dry_run_writes_every_table_named_after_the_commit(tmp_path, python):
     """`run.sh --sizes`: the kit at CREDIT's sizes (1-degree steps of the three classes with
     their profile, the 0.25-degree fast step, the default experiment, the kernel tests, the
     GEMM table), on CPU at a shrunk section; every file named after the machine and the commit."""
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "KIT_COMMIT": "abc1234",
+    env = {**os.environ, "OUT": str(out), "PYTHON": python, "KIT_COMMIT": "abc1234",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(REPO / "manual_tests/gpu/run.sh"), "--sizes", "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=1200)
