@@ -103,6 +103,8 @@ class DataConfig:
     valid_period: List[str] = field(default_factory=lambda: ["2001-01-01", "2001-12-31"])
     history_len: int = 1
     forecast_len: int = 1
+    # validation's lead in autoregressive steps; the last is scored (CREDIT's valid_forecast_len + 1)
+    valid_forecast_len: int = 1
     normalize: bool = True
     # CREDIT's `save_loc_physics` (relative to `root`, or absolute): the longitude, latitude
     # and levels (pressure, or sigma coefficients) of the conservation post blocks

@@ -39,6 +39,8 @@ def validate_data(data: DictConfig) -> None:
     check(data.nonfinite in NONFINITE_MODES, "data.nonfinite", data.nonfinite,
            f"allowed: {list(NONFINITE_MODES)}")
     check(data.forecast_len >= 1, "data.forecast_len", data.forecast_len, "must be >= 1")
+    check(data.valid_forecast_len >= 1, "data.valid_forecast_len", data.valid_forecast_len,
+          "must be >= 1 (validation's lead in steps)")
     check(data.num_workers >= 0, "data.num_workers", data.num_workers, "must be >= 0")
     check(data.valid_samples >= 1, "data.valid_samples", data.valid_samples, "must be >= 1")
     check(len(data.levels) >= 1 or not data.variables.upper_air, "data.levels", data.levels,
@@ -56,6 +58,8 @@ def validate_data(data: DictConfig) -> None:
         check(credit.skip_periods >= 1, "data.credit.skip_periods", credit.skip_periods, "must be >= 1")
         check(credit.skip_periods == 1 or data.forecast_len == 1, "data.credit.skip_periods", credit.skip_periods,
                "1 when data.forecast_len > 1 (CREDIT calls skip_periods with multi-step training unstable)")
+        check(credit.skip_periods == 1 or data.valid_forecast_len == 1, "data.credit.skip_periods",
+              credit.skip_periods, "1 when data.valid_forecast_len > 1 (CREDIT's dataset refuses the pair)")
         check(credit.clamp is None or (len(credit.clamp) == 2 and credit.clamp[0] < credit.clamp[1]),
                "data.credit.clamp", credit.clamp, "null or [low, high] with low < high")
         for role in ("upper_air", "surface", "static", "diagnostic"):

@@ -103,10 +103,13 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
 
 
 def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1Dataset | CreditGen2Dataset:
+    """The dataset of `period_key`: training samples hold `data.forecast_len` target steps,
+    validation samples (`valid_period`) `data.valid_forecast_len`."""
+    forecast_len = data.valid_forecast_len if period_key == "valid_period" else data.forecast_len
     if data.layout == "credit-gen2":
-        return credit_gen2_dataset(data, tuple(data[period_key]), data.forecast_len)
+        return credit_gen2_dataset(data, tuple(data[period_key]), forecast_len)
     if data.layout == "credit-gen1":
-        return credit_gen1_dataset(data, tuple(data[period_key]), data.forecast_len)
+        return credit_gen1_dataset(data, tuple(data[period_key]), forecast_len)
     return ERA5Dataset(
         data.root,
         files=dict(data.files),
@@ -114,7 +117,7 @@ def build_dataset(data: DictConfig, period_key: str) -> ERA5Dataset | CreditGen1
         levels=list(data.levels),
         period=tuple(data[period_key]),
         history_len=data.history_len,
-        forecast_len=data.forecast_len,
+        forecast_len=forecast_len,
         normalize=data.normalize,
         level_dim=data.level_dim,
         nonfinite=data.nonfinite,

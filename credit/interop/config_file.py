@@ -71,9 +71,7 @@ TABLE: tuple[Rule, ...] = (
     Rule("data.history_len", _to("data.history_len", fn=int)),
     Rule("data.valid_history_len", cv.same_as("data.history_len"), schema="gen1"),
     Rule("data.forecast_len", cv.forecast_len, schema="gen1"),
-    Rule("data.valid_forecast_len", _refuse_if(lambda v: int(v or 0) != 0,
-                                               "data.valid_forecast_len: validation here is one step (0)"),
-         schema="gen1"),
+    Rule("data.valid_forecast_len", cv.valid_forecast_len, schema="gen1"),
     Rule("data.skip_periods", _to("data.credit.skip_periods", fn=lambda v: int(v or 1)), schema="gen1"),
     Rule("data.static_first", _to("data.credit.static_first", fn=bool), schema="gen1"),
     Rule("data.data_clamp", _to("data.credit.clamp", fn=lambda v: None if v is None else [float(x) for x in v])),
@@ -245,4 +243,7 @@ def map_credit_file(conf: Mapping[str, Any]) -> CreditMapping:
         save_loc = data.get("save_loc") if isinstance(data, Mapping) else None
         if save_loc:
             out.overrides.append(_override("data.root", str(Path(cv.expand(save_loc)).parent)))
+    # a trainer this project does not run is the refusal to name first: what else the file
+    # holds (an ocean model's dates for years, say) follows from it
+    out.refused.sort(key=lambda line: not line.startswith("trainer.type:"))
     return out

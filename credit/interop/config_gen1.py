@@ -19,7 +19,10 @@ Convert = Callable[[Any, Mapping[str, Any]], "list[tuple[str, Any]] | str"]
 
 def years(key: str) -> Convert:
     def convert(value: Any, conf: Mapping[str, Any]):
-        first, last = (int(v) for v in value)  # CREDIT's last year is exclusive
+        try:
+            first, last = (int(v) for v in value)  # CREDIT's last year is exclusive
+        except (TypeError, ValueError):  # e.g. dates, as CREDIT's ocean (samudra) dataset reads them
+            return f"data.{key}: {value!r}; CREDIT's ERA5 datasets read [first year, end year] as two integers"
         if last <= first:
             return f"data.{key}: {list(value)} holds no year (CREDIT's end year is exclusive)"
         return [(f"data.{'train' if key == 'train_years' else 'valid'}_period", [f"{first}-01-01", f"{last - 1}-12-31"])]
@@ -47,8 +50,17 @@ def levels(value: Any, conf: Mapping[str, Any]):
 
 
 def forecast_len(value: Any, conf: Mapping[str, Any]):
-    # CREDIT counts 0 for one step; its trainer backpropagates each step's loss: their sum
-    return [("data.forecast_len", int(value) + 1), ("trainer.loss.forecast_steps", "sum")]
+    # CREDIT counts 0 for one step; its trainer backpropagates each step's loss: their sum.
+    # Validation rolls out as many steps when valid_forecast_len is absent (CREDIT's parser).
+    pairs = [("data.forecast_len", int(value) + 1), ("trainer.loss.forecast_steps", "sum")]
+    if (conf.get("data") or {}).get("valid_forecast_len") is None:
+        pairs.append(("data.valid_forecast_len", int(value) + 1))
+    return pairs
+
+
+def valid_forecast_len(value: Any, conf: Mapping[str, Any]):
+    # validation's lead: CREDIT rolls out valid_forecast_len + 1 steps and scores the last
+    return [] if value is None else [("data.valid_forecast_len", int(value) + 1)]
 
 
 def same_as(other: str) -> Convert:
@@ -82,9 +94,12 @@ def mode(value: Any, conf: Mapping[str, Any]):
     return [("trainer.parallelism.data", parallel[value])]
 
 
-# CREDIT's deterministic ERA5 trainers; 'standard' is the v1 name of its ERA5 trainer, which the
-# arXiv 2024 and older gen1 configs use (CREDIT's own `credit convert` maps it to the ERA5 trainer)
-ERA5_TRAINERS = ("era5-gen1", "era5", "standard", "cam", "gen2", "era5-gen2")
+# CREDIT's deterministic ERA5 trainers. Older gen1 configs name them as CREDIT did before its
+# registry took today's names: 'standard' (the v1 ERA5 trainer) and 'universal' (CREDIT's own
+# `credit convert` maps both to the ERA5 trainer), and 'multi-step', which named the same
+# gradient-accumulating multi-step class as 'universal' until that class became era5-gen1's
+# (the arXiv 2024 configs use 'standard' and 'multi-step')
+ERA5_TRAINERS = ("era5-gen1", "era5", "standard", "universal", "multi-step", "cam", "gen2", "era5-gen2")
 
 
 def trainer_type(value: Any, conf: Mapping[str, Any]):

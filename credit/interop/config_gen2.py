@@ -137,13 +137,17 @@ def timestep(value: Any, conf: Mapping[str, Any]):
 
 
 def forecast_len(value: Any, conf: Mapping[str, Any]):
-    # gen2 counts 1 for one step; its trainer backpropagates each step's loss: their sum
-    return [("data.forecast_len", int(value)), ("trainer.loss.forecast_steps", "sum")]
+    # gen2 counts 1 for one step; its trainer backpropagates each step's loss: their sum.
+    # Validation rolls out as many steps unless `validation_data.forecast_len` says otherwise.
+    pairs = [("data.forecast_len", int(value)), ("trainer.loss.forecast_steps", "sum")]
+    if (conf.get("validation_data") or {}).get("forecast_len") is None:
+        pairs.append(("data.valid_forecast_len", int(value)))
+    return pairs
 
 
 def validation_data(value: Any, conf: Mapping[str, Any]):
-    """`validation_data`: its period; the same source and history. Its forecast_len is not read:
-    validation here scores one step (CREDIT's gen2 the last of forecast_len steps)."""
+    """`validation_data`: its period and forecast_len (validation's lead, the last step scored,
+    as CREDIT's gen2 trainer scores it); the same source and history."""
     value = dict(value or {})
     data = conf.get("data") or {}
     if "source" in value and value["source"] != data.get("source"):
@@ -152,7 +156,10 @@ def validation_data(value: Any, conf: Mapping[str, Any]):
         return "validation_data.history_len: differs from data.history_len; validation here uses data.history_len"
     if value.get("timestep") is not None and span(value["timestep"]) != span(data.get("timestep")):
         return "validation_data.timestep: differs from data.timestep"
-    return period("validation_data", "data.valid_period")(None, {"validation_data": value})
+    pairs = period("validation_data", "data.valid_period")(None, {"validation_data": value})
+    if isinstance(pairs, str) or value.get("forecast_len") is None:
+        return pairs
+    return [*pairs, ("data.valid_forecast_len", int(value["forecast_len"]))]
 
 
 def preblocks(value: Any, conf: Mapping[str, Any]):

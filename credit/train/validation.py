@@ -1,4 +1,6 @@
-"""Validation on held-out times: RMSE per variable for the model and for persistence."""
+"""Validation on held-out times: RMSE per variable for the model and for persistence, at the
+validation lead (`data.valid_forecast_len` autoregressive steps; the last one is scored, as
+CREDIT's trainers score it)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from credit.models.inputs import predict
+from credit.train.forecast import forecast_steps
 
 
 def output_channel_variables(
@@ -32,11 +34,12 @@ def evaluate(
     state_channels: int,
     device: torch.device,
 ) -> dict[str, float]:
-    """Lead-1 skill over `batches`: `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
+    """Skill over `batches` at their last target step (the lead: each batch's forecast
+    rolls out autoregressively to it): `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
 
     RMSE is in physical units (normalized error times the channel's std), latitude
     weighted, pooled over samples, levels and grid points of each variable. Persistence
-    (the last input frame as the forecast) exists for prognostic variables only.
+    (the last input frame as the forecast at the lead) exists for prognostic variables only.
     """
     was_training = model.training
     model.eval()
@@ -48,10 +51,10 @@ def evaluate(
     loss_sum, loss_count = 0.0, 0
     for batch in batches:
         batch = {k: v.to(device) for k, v in batch.items()}
-        state, forcing, static = batch["state"], batch["forcing"], batch["static"]
-        history_len = state.shape[1]
-        target = batch["target"][:, 0]
-        prediction = predict(model, state, forcing[:, : history_len + 1], static)
+        state = batch["state"]
+        lead = batch["target"].shape[1]
+        target = batch["target"][:, -1]
+        *_, prediction = forecast_steps(model, batch, lead)
         error = (prediction.double().cpu() - target.double().cpu()) * std
         persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
         persistence = persistence * std[:, :state_channels]

@@ -122,9 +122,11 @@ def test_train_from_the_generated_credit_config(credit_dataset, tmp_path):
 
 def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path):
     """batches_per_epoch: 0 (a full pass), grad_max_norm: dynamic and CREDIT's restarts
-    schedule, as CREDIT's example config sets them."""
+    schedule, as CREDIT's example config sets them; and valid_forecast_len: 1, CREDIT's
+    validation of the second of two autoregressive steps."""
     conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
     conf["save_loc"] = str(tmp_path / "run")
+    conf["data"]["valid_forecast_len"] = 1
     conf["trainer"].update(batches_per_epoch=0, epochs=1, num_epoch=1, grad_max_norm="dynamic", use_scheduler=True,
                            scheduler={"scheduler_type": "cosine-annealing-restarts", "first_cycle_steps": 4,
                                       "cycle_mult": 1.0, "max_lr": 1e-3, "min_lr": 1e-5, "warmup_steps": 1})
@@ -132,12 +134,17 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
     config.write_text(yaml.safe_dump(conf))
     result = _cli("train", "--credit-config", str(config), "trainer.progress_bar=false", "trainer.log_every_n_steps=1")
     assert result.returncode == 0, result.stderr[-3000:]
-    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["trainer"]
+    resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    cfg = resolved["trainer"]
+    assert resolved["data"]["valid_forecast_len"] == 2 and resolved["data"]["forecast_len"] == 1
     samples = 4 * 4 - 1  # four days of 6-hourly times, one step of history
     assert cfg["max_steps"] == samples // conf["trainer"]["train_batch_size"] and cfg["grad_clip_dynamic"]
     with open(tmp_path / "run" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r["split"] == "train"]
+        everything = list(csv.DictReader(f))
+    rows = [r for r in everything if r["split"] == "train"]
+    valid = [r for r in everything if r["split"] == "valid"]
     assert len(rows) == cfg["max_steps"]
+    assert valid and all(np.isfinite(float(r["loss"])) for r in valid)
     assert float(rows[0]["lr"]) == pytest.approx(1e-5) and float(rows[1]["lr"]) == pytest.approx(1e-3)
 
 
@@ -162,13 +169,18 @@ def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("trainer_type", ["era5-gen1", "era5", "standard", "cam"])
+@pytest.mark.parametrize("trainer_type", ["era5-gen1", "era5", "standard", "universal", "multi-step", "cam"])
 def test_credits_era5_trainer_types_map_and_others_are_refused(trainer_type):
-    """'standard' is the v1 name of CREDIT's ERA5 trainer (its arXiv 2024 and older gen1 configs;
-    CREDIT's `credit convert` maps it to the ERA5 trainer): accepted as era5 is."""
+    """'standard', 'universal' and 'multi-step' are earlier names of CREDIT's ERA5 trainers (its
+    arXiv 2024 and older gen1 configs; CREDIT's `credit convert` maps the first two to the ERA5
+    trainer): accepted as era5 is."""
     assert map_credit_file({"trainer": {"type": trainer_type}}).refused == []
     refused = map_credit_file({"trainer": {"type": "ic-opt"}}).refused
     assert len(refused) == 1 and "trainer.type: 'ic-opt'" in refused[0] and "standard" in refused[0]
+    # an ocean model's file: its trainer is named first, then its dates where years go
+    refused = map_credit_file({"data": {"train_years": ["1975-01-03T00:00:00", "2014-09-20T00:00:00"]},
+                               "trainer": {"type": "samudra"}}).refused
+    assert refused[0].startswith("trainer.type: 'samudra'") and "data.train_years" in refused[1], refused
 
 
 def test_a_scaler_credit_refuses_too_says_so():

@@ -137,3 +137,9 @@ def test_credits_multistep_gen2_smoke_config_sums_its_steps():
     assert mapping.refused == []
     cfg = compose_config([*mapping.overrides, "run_dir=/tmp/unused"])
     assert cfg.data.forecast_len == 2 and cfg.trainer.loss.forecast_steps == "sum"
+    # its validation_data sets no forecast_len: CREDIT's gen2 trainer validates as many steps
+    assert cfg.data.valid_forecast_len == 2
+    conf = copy.deepcopy(WHOLE_FILES["config/gen_2/smoke/smoke_gen2_multistep_casper.yml"])
+    conf["validation_data"]["forecast_len"] = 3  # validation's own lead: the last of 3 steps scored
+    cfg = compose_config([*map_credit_file(conf).overrides, "run_dir=/tmp/unused"])
+    assert cfg.data.forecast_len == 2 and cfg.data.valid_forecast_len == 3
