@@ -114,11 +114,12 @@ def resume_training(path: Path, run: ResumedRun) -> Progress:
     return progress
 
 
-def start_from_credit(path: str, with_optimizer: bool, reload_epoch: bool, run: ResumedRun) -> Progress:
-    """`trainer.credit_start`: CREDIT's checkpoint.pt into the run's objects (any layout);
-    returns where to continue (step 0 unless `reload_epoch`; the caller positions the
-    schedule there)."""
-    start = load_credit_training_state(path, run.model, run.optimizer, with_optimizer)
+def start_from_credit(path: str, with_optimizer: bool, reload_epoch: bool, run: ResumedRun,
+                      fsdp: bool = False) -> Progress:
+    """`trainer.credit_start`: CREDIT's checkpoint.pt (with `fsdp`, its fsdp mode's files beside
+    it) into the run's objects (any layout); returns where to continue (step 0 unless
+    `reload_epoch`; the caller positions the schedule there)."""
+    start = load_credit_training_state(path, run.model, run.optimizer, with_optimizer, fsdp=fsdp)
     if run.ema is not None:
         run.ema.reset_to(run.model)
     what = "weights and AdamW state" if with_optimizer else "weights (fresh optimizer)"

@@ -191,6 +191,9 @@ class CreditStartConfig:
     optimizer: bool = False  # its AdamW moments and step counts (CREDIT's load_optimizer)
     # continue at its epoch + 1, the schedule at its step (CREDIT's reload_epoch)
     reload_epoch: bool = False
+    # CREDIT's trainer.mode fsdp files: the weights from model_checkpoint.pt and the AdamW state
+    # from optimizer_checkpoint.pt beside `checkpoint` (which then holds the epoch)
+    fsdp: bool = False
 
 
 @dataclass

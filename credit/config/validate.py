@@ -134,9 +134,15 @@ def validate_trainer(trainer: DictConfig) -> None:
         check(resume in RESUME_MODES, "trainer.credit_start.checkpoint", start.checkpoint,
                f"applies when run_dir holds no checkpoint of this project; trainer.resume={resume} names one: "
                "give one of the two")
-    for flag in ("optimizer", "reload_epoch"):
+    for flag in ("optimizer", "reload_epoch", "fsdp"):
         check(start.checkpoint or not start[flag], f"trainer.credit_start.{flag}", start[flag],
                "needs trainer.credit_start.checkpoint (CREDIT's checkpoint.pt)")
+    if start.checkpoint and start.fsdp:
+        folder = os.path.dirname(start.checkpoint)
+        needed = ["model_checkpoint.pt"] + (["optimizer_checkpoint.pt"] if start.optimizer or start.reload_epoch else [])
+        for name in needed:
+            check(os.path.isfile(os.path.join(folder, name)), "trainer.credit_start.fsdp", start.fsdp,
+                  f"CREDIT's fsdp mode writes {name} beside checkpoint.pt; {os.path.join(folder, name)} is missing")
     opt = trainer.optimizer
     check(opt.lr > 0, "trainer.optimizer.lr", opt.lr, "must be > 0")
     check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "trainer.optimizer.betas",

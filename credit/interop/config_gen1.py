@@ -252,17 +252,16 @@ def predict(value: Any, conf: Mapping[str, Any]):
 
 def load_weights(value: Any, conf: Mapping[str, Any]):
     """CREDIT's trainer reloads `save_loc/checkpoint.pt`: weights, with load_optimizer its AdamW
-    state, with reload_epoch its epoch and schedule (`credit.interop.training_state`)."""
+    state, with reload_epoch its epoch and schedule (`credit.interop.training_state`); in
+    `trainer.mode: fsdp` the weights and AdamW state from its FSDP files beside it
+    (model_checkpoint.pt, optimizer_checkpoint.pt)."""
     if not value:
         return []
     trainer = conf.get("trainer", {})
-    if trainer.get("mode") == "fsdp":
-        return ("trainer.load_weights: true with trainer.mode: fsdp reads CREDIT's FSDP files "
-                "(model_checkpoint.pt, optimizer_checkpoint.pt), which are not read here; checkpoint.pt "
-                "from mode none or ddp is")
-    return [("trainer.credit_start.checkpoint", str(Path(expand(conf.get("save_loc", "."))) / "checkpoint.pt")),
-            ("trainer.credit_start.optimizer", bool(trainer.get("load_optimizer", False))),
-            ("trainer.credit_start.reload_epoch", bool(trainer.get("reload_epoch", False)))]
+    pairs = [("trainer.credit_start.checkpoint", str(Path(expand(conf.get("save_loc", "."))) / "checkpoint.pt")),
+             ("trainer.credit_start.optimizer", bool(trainer.get("load_optimizer", False))),
+             ("trainer.credit_start.reload_epoch", bool(trainer.get("reload_epoch", False)))]
+    return pairs + ([("trainer.credit_start.fsdp", True)] if trainer.get("mode") == "fsdp" else [])
 
 
 def ensemble(value: Any, conf: Mapping[str, Any]):

@@ -90,38 +90,84 @@ def _parameter_names(model: nn.Module) -> list[str]:
     return [unwrapped_name(name) for name, _ in model.named_parameters()]
 
 
-def load_credit_training_state(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                               with_optimizer: bool) -> CreditStart:
-    """Load CREDIT's `checkpoint.pt` weights (and, `with_optimizer`, its AdamW state) into
-    this run's model and optimizer, in any layout. Raises CheckpointError naming the file."""
-    path = Path(path)
+def _moments_by_name(state: Mapping[str, Mapping[str, Any]], parameters: set[str],
+                     path: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """FSDP1's full optimizer state (keyed by parameter name) as this model's."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for key, entry in state.items():
+        key = unwrapped_name(key)
+        if is_unused_credit_key(key):
+            continue
+        for moment in ("exp_avg", "exp_avg_sq"):
+            for name, value in remap_conv_state_dict({key: entry[moment]}).items():
+                if name not in parameters:
+                    raise CheckpointError(f"{path}: optimizer state for {key!r}, which names no parameter of "
+                                          f"this model")
+                out.setdefault(name, {})[moment] = value.float()
+        for name in remap_conv_state_dict({key: entry["exp_avg"]}):
+            out[name]["step"] = torch.as_tensor(entry["step"], dtype=torch.float32).clone()
+    return out
+
+
+def _read(path: Path) -> Any:
     try:
-        container, entries = read_credit_checkpoint(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged or foreign file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(f"{path}: not a readable torch checkpoint with weights_only=True "
+                              f"({type(exc).__name__}: {first})") from None
+
+
+def load_credit_training_state(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                               with_optimizer: bool, fsdp: bool = False) -> CreditStart:
+    """Load CREDIT's `checkpoint.pt` weights (and, `with_optimizer`, its AdamW state) into
+    this run's model and optimizer, in any layout. With `fsdp` (CREDIT's `trainer.mode:
+    fsdp`), the weights come from `model_checkpoint.pt` and the AdamW state from
+    `optimizer_checkpoint.pt` beside it, keyed by parameter name as FSDP's full state dicts
+    are; `checkpoint.pt` holds the epoch. Raises CheckpointError naming the file."""
+    path = Path(path)
+    weights = path.with_name("model_checkpoint.pt") if fsdp else path
+    optimizer_file = path.with_name("optimizer_checkpoint.pt") if fsdp else path
+    try:
+        container, entries = read_credit_checkpoint(weights)
     except CreditCheckpointError as error:
         raise CheckpointError(str(error)) from None
-    optim_state = container.get("optimizer_state_dict")
+    if fsdp:  # checkpoint.pt: the epoch, schedule and scaler; FSDP's full optimizer state beside it
+        # (only the weights are needed without load_optimizer: step counts then start at 0)
+        container = _read(path)
+        optim_state = _read(optimizer_file) if with_optimizer or optimizer_file.exists() else {"state": {}}
+        missing = "not FSDP's full optimizer state dict (state, param_groups), which CREDIT's fsdp mode saves"
+    else:
+        optim_state = container.get("optimizer_state_dict")
+        missing = "no optimizer_state_dict; CREDIT's trainer saves one in checkpoint.pt"
     if not isinstance(optim_state, Mapping) or not isinstance(optim_state.get("state"), Mapping):
-        raise CheckpointError(f"{path}: no optimizer_state_dict; CREDIT's trainer saves one in checkpoint.pt "
-                              f"(a weights-only file starts a run with trainer.resume={path})")
-    steps = {int(float(entry["step"])) for entry in optim_state["state"].values() if "step" in entry}
-    load_weights_file(model, path)
+        raise CheckpointError(f"{optimizer_file}: {missing} (a weights-only file starts a run with "
+                              f"trainer.resume={weights})")
+    state, groups = optim_state["state"], list(optim_state.get("param_groups") or [])
+    steps = {int(float(entry["step"])) for entry in state.values() if "step" in entry}
+    load_weights_file(model, weights)
     if with_optimizer:
         names = _parameter_names(model)
-        order = parameter_order(entries, set(names))
-        groups = optim_state.get("param_groups") or []
-        positions = sum(len(group["params"]) for group in groups)
-        if len(groups) != 1 or positions != len(order):
-            raise CheckpointError(
-                f"{path}: its optimizer state has {positions} parameter positions in {len(groups)} group(s), "
-                f"but its model state lists {len(order)} parameters; CREDIT's AdamW holds every parameter "
-                f"in one group, so this file's optimizer state cannot be matched to the weights")
-        moments = _moments(order, {int(k): v for k, v in optim_state["state"].items()})
+        if fsdp:
+            if len(groups) != 1:
+                raise CheckpointError(f"{optimizer_file}: its optimizer state has {len(groups)} parameter groups; "
+                                      f"CREDIT's AdamW holds every parameter in one")
+            moments = _moments_by_name(state, set(names), optimizer_file)
+        else:
+            order = parameter_order(entries, set(names))
+            positions = sum(len(group["params"]) for group in groups)
+            if len(groups) != 1 or positions != len(order):
+                raise CheckpointError(
+                    f"{path}: its optimizer state has {positions} parameter positions in {len(groups)} group(s), "
+                    f"but its model state lists {len(order)} parameters; CREDIT's AdamW holds every parameter "
+                    f"in one group, so this file's optimizer state cannot be matched to the weights")
+            moments = _moments(order, {int(k): v for k, v in state.items()})
         own = dict(optimizer.param_groups[0])
         own.pop("params")
-        state = {"state": moments, "param_groups": [{**own, "params": names}]}
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-    epoch = int(container.get("epoch", -1))
+        full = {"state": moments, "param_groups": [{**own, "params": names}]}
+        set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+    epoch = int(container.get("epoch", -1)) if isinstance(container, Mapping) else -1
     if len(steps) > 1:
-        log.warning("%s: its parameters count different AdamW steps %s; continuing after %d", path,
+        log.warning("%s: its parameters count different AdamW steps %s; continuing after %d", optimizer_file,
                     sorted(steps), max(steps))
     return CreditStart(steps=max(steps, default=0), epoch=epoch, optimizer_loaded=with_optimizer)

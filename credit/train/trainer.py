@@ -199,7 +199,8 @@ class Trainer:
         start, trainer = self.cfg.trainer.credit_start, self.cfg.trainer
         run = ResumedRun(self.model, self.optimizer, self.scheduler, self.ema,
                          self.sampler.global_batch_size, self.sampler.batches_per_epoch)
-        self.progress = start_from_credit(start.checkpoint, start.optimizer, start.reload_epoch, run)
+        self.progress = start_from_credit(start.checkpoint, start.optimizer, start.reload_epoch, run,
+                                          fsdp=start.fsdp)
         self.scheduler = lambda_schedule(self.optimizer, schedule_function(
             trainer.scheduler, trainer.max_steps, self.sampler.batches_per_epoch), step=self.step)
         choose_foreach(self.model, self.optimizer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -141,13 +142,44 @@ def test_the_flags_without_a_checkpoint_and_a_missing_file_are_one_error_each(tm
         compose_config([f"trainer.credit_start.checkpoint={tmp_path / 'nowhere.pt'}"])
 
 
-def test_fsdp_modes_files_are_refused_in_one_line(tmp_path):
-    config = credit_run_config(tmp_path)
+FSDP_RUN = CHECKPOINT_RUN.parent / "credit_fsdp_checkpoint"
+
+
+def _fsdp_config(tmp_path: Path, *files: str) -> Path:
+    """The spectral-norm run's config in `trainer.mode: fsdp`, its save_loc holding `files` of
+    tests/fixtures/credit_fsdp_checkpoint (the same state as FSDP1 saves it)."""
+    config = credit_run_config(tmp_path, CHECKPOINT_RUN / "spectral_norm")
     conf = yaml.safe_load(config.read_text())
     conf["trainer"]["mode"] = "fsdp"
     config.write_text(yaml.safe_dump(conf))
-    with pytest.raises(ValueError, match=r"^trainer.load_weights: true with trainer.mode: fsdp"):
-        _credit_config(["--credit-config", str(config)])
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    for name in files:
+        shutil.copy(FSDP_RUN / name, tmp_path / "run" / name)
+    return config
+
+
+def test_fsdp_modes_files_continue_the_run_as_its_checkpoint_pt_does(tmp_path):
+    """CREDIT's `trainer.mode: fsdp` saves the weights (model_checkpoint.pt) and FSDP's full
+    AdamW state, keyed by parameter name (optimizer_checkpoint.pt), beside a checkpoint.pt of
+    epoch and schedule: the same run state as its single checkpoint.pt, bitwise."""
+    fsdp = _trainer(_fsdp_config(tmp_path / "fsdp", "checkpoint.pt", "model_checkpoint.pt", "optimizer_checkpoint.pt"))
+    single = _trainer(credit_run_config(tmp_path / "single", CHECKPOINT_RUN / "spectral_norm"))
+    assert fsdp.cfg.trainer.credit_start.fsdp and fsdp.step == single.step == 2
+    mine, theirs = dict(fsdp.model.named_parameters()), dict(single.model.named_parameters())
+    assert all(torch.equal(v, theirs[k]) for k, v in mine.items())
+    assert any(k.endswith("to_q.weight") for k in mine)  # the fused to_qkv's thirds, moments too
+    for name, param in mine.items():
+        ours, reference = fsdp.optimizer.state[param], single.optimizer.state[theirs[name]]
+        assert set(ours) == set(reference) and all(torch.equal(ours[k], reference[k]) for k in ours), name
+    assert fsdp.scheduler.get_last_lr() == single.scheduler.get_last_lr()
+
+
+def test_fsdp_modes_missing_file_is_one_line(tmp_path):
+    config = _fsdp_config(tmp_path, "checkpoint.pt", "model_checkpoint.pt")  # load_optimizer without its file
+    args, _ = _credit_config(["--credit-config", str(config)])
+    with pytest.raises(ConfigError, match=r"trainer.credit_start.fsdp=True is invalid: CREDIT's fsdp mode writes "
+                                          r"optimizer_checkpoint.pt beside checkpoint.pt"):
+        compose_config(args)
 
 
 def test_credit_train_continues_then_resumes_from_its_own_checkpoint(tmp_path):
