@@ -89,6 +89,14 @@ def scaler(value: Any, conf: Mapping[str, Any]):
 
 def mode(value: Any, conf: Mapping[str, Any]):
     parallel = {"none": "none", "ddp": "ddp", "fsdp": "fsdp2"}
+    if value in ("domain_parallel", "fsdp+domain_parallel"):
+        # CREDIT converts its convolutions and group norms to exchange halos, and leaves
+        # attention "local within shard": a long-distance window then gathers rows spaced over
+        # the shard, not the globe, so the model differs from its one-GPU self
+        return (f"trainer.mode: {value!r}; CREDIT's domain parallelism computes long-distance attention "
+                f"within each shard, another model than its one-GPU run; here sequence parallelism splits "
+                f"the grid with the one-GPU arithmetic: trainer.mode: ddp (or fsdp) and "
+                f"trainer.parallelism.sequence_parallel=true with trainer.parallelism.tensor=N")
     if value not in parallel:
         return f"trainer.mode: {value!r}; allowed: none, ddp, fsdp"
     return [("trainer.parallelism.data", parallel[value])]

@@ -210,9 +210,10 @@ def parallelism(value: Any, conf: Mapping[str, Any]):
     if data not in ("none", "ddp", "fsdp2"):
         return f"trainer.parallelism.data: {data!r}; allowed: none, ddp, fsdp2"
     if int(value.get("domain", 1)) > 1:
-        return (f"trainer.parallelism.domain: {value['domain']}; domain parallelism is not implemented here: "
-                "trainer.parallelism.sequence_parallel=true is this project's way to split the grid (over the "
-                "tensor ranks)")
+        return (f"trainer.parallelism.domain: {value['domain']}; CREDIT's domain parallelism computes "
+                "long-distance attention within each shard, another model than its one-GPU run; here sequence "
+                "parallelism splits the grid with the one-GPU arithmetic: trainer.parallelism.sequence_parallel=true "
+                "over the tensor ranks")
     return [("trainer.parallelism.data", data), ("trainer.parallelism.tensor", int(value.get("tensor", 1)))]
 
 

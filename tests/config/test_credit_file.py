@@ -153,6 +153,8 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
     ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
     ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4"),
     ({"trainer": {"compile": True}}, "trainer.compile: true"),
+    ({"trainer": {"mode": "domain_parallel", "domain_parallel_size": 2}},
+     "trainer.mode: 'domain_parallel'; CREDIT's domain parallelism computes long-distance attention within"),
     ({"data": {"source": {"ERA5": {"dataset_type": "arco_era5"}}}}, "data.source.ERA5.dataset_type: 'arco_era5'"),
 ])
 def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_path, change, refusal):

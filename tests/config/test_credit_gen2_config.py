@@ -90,8 +90,8 @@ def _refuses(conf: dict, tmp_path: Path, refusal: str) -> None:
 
 @pytest.mark.parametrize("path, change, refusal", [
     ("trainer.parallelism", {"data": "ddp", "tensor": 1, "domain": 2},
-     "trainer.parallelism.domain: 2; domain parallelism is not implemented here: "
-     "trainer.parallelism.sequence_parallel=true"),
+     "trainer.parallelism.domain: 2; CREDIT's domain parallelism computes long-distance attention within "
+     "each shard"),
     ("trainer.parallelism", {"data": "ddp", "pipeline": 2}, "trainer.parallelism.pipeline"),
     ("data.date_ranges", [["2000-01-01", "2000-01-02"]], "data.date_ranges"),
     ("preblocks.per_step.norm.type", "bridgescaler_transform",
