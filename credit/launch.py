@@ -192,9 +192,16 @@ def start_forkserver() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before the forkserver imports torch
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     os.environ[LAUNCHER_ENV] = str(os.getpid())
+    # The forkserver's first import path is the folder it starts in (it runs `python -c`, and
+    # Python 3.11's forkserver does not take this process's path): started in a folder holding
+    # a `credit` directory (a checkout, a copy) it would import that one. Started from the
+    # folder this package was imported from, it imports this one, as this process does.
+    here = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[1])
     try:
         forkserver.ensure_running()
     finally:
+        os.chdir(here)
         os.environ.pop(LAUNCHER_ENV, None)
 
 

@@ -46,3 +46,27 @@ def test_each_launch_gives_its_ranks_its_environment_folder_and_output(tmp_path)
     assert len(forkservers) == 1  # started by the first launch, reused by the second
     assert "LAUNCH_MARK" not in os.environ
     assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def test_the_forkserver_imports_this_package_from_any_folder(tmp_path):
+    """Started in a folder holding a `credit` directory of its own (a checkout, a test's
+    temporary copy), the forkserver still imports the package its launcher runs from."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import credit
+
+    package = Path(credit.__file__).resolve().parent
+    (tmp_path / "credit").symlink_to(package)  # the same files under another path
+    script = ("import multiprocessing, os, sys\n"
+              "from credit.launch import start_forkserver\n"
+              "os.chdir(sys.argv[1])\n"
+              "start_forkserver()\n"
+              "p = multiprocessing.get_context('forkserver').Process(\n"
+              "    target=exec, args=('import credit; print(credit.__path__[0], flush=True)',))\n"
+              "p.start(); p.join(); sys.exit(p.exitcode)\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                            timeout=300, cwd=package.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(package), result.stdout
