@@ -40,14 +40,16 @@ def parity_runs(tiny_data, tmp_path_factory):
     # resume=never on every rank: the decision must not race rank 0's first writes
     tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
                         f"run_dir={root / 'tp2'}")
-    # resume phase through the hydra script under an external torchrun
+    # a chain of two 3-step jobs: the first through `credit train --nproc 4`, the second, which
+    # resumes, through the hydra script under an external torchrun (as a PBS script runs it)
     resumed = root / "tp2_resumed"
-    for _ in range(2):
-        job = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node=4", str(REPO / "applications" / "train.py"), *base,
-                    "parallelism=fsdp2_tp2", "trainer.steps_per_job=3", f"run_dir={resumed}"],
-                   cwd=root)
-        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.steps_per_job=3", f"run_dir={resumed}")
+    job = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=4", str(REPO / "applications" / "train.py"), *base,
+                "parallelism=fsdp2_tp2", "trainer.steps_per_job=3", f"run_dir={resumed}"],
+               cwd=root)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "resumed from" in job.stdout + job.stderr, job.stderr[-3000:]
     return {"root": root, "tp2": tp2}
 
 
