@@ -22,6 +22,8 @@ FIXTURE_COMPARISONS = (
     "tests/config/test_credit_file.py::test_the_mapped_loss_equals_credits_with_latitude_and_variable_weights",
     "tests/data/test_credit_gen1_dataset.py::test_model_input_and_target_equal_credits",
     "tests/data/test_credit_gen2_dataset.py::test_every_steps_input_targets_and_forcing_equal_credits",
+    "tests/data/test_credit_bridgescaler.py::test_the_samples_are_credits_bridgescaler_preblocks",
+    "tests/data/test_credit_bridgescaler.py::test_the_loss_is_credits_base_loss_on_the_same_tensors",
     "tests/models/test_credit_models.py::test_forward_matches_credit_in_one_process",
     "tests/models/test_credit_postblocks.py::test_post_blocks_on_credits_model_output_are_credits_bit_for_bit",
     "tests/models/test_credit_postblocks.py::test_from_credit_with_post_blocks_forecasts_credits_numbers",

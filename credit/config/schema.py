@@ -55,6 +55,10 @@ class CreditFiles:
     static: Optional[str] = None
     mean: Optional[str] = None
     std: Optional[str] = None
+    # gen2: CREDIT's bridgescaler file (its bridgescaler_transform preblock) instead of mean/std,
+    # and the one whose target scalers de-normalise the outputs (its inverse postblocks; null: the same)
+    bridgescaler: Optional[str] = None
+    bridgescaler_inverse: Optional[str] = None
 
 
 @dataclass
@@ -74,6 +78,10 @@ class CreditDataConfig:
     timestep: Optional[str] = None
     level_coord: str = "level"
     stats_levels: Optional[List[int]] = None
+    # gen2 with files.bridgescaler: the source whose var keys the file holds, and the variables it
+    # scales (bare names; null: every variable the file has a scaler for)
+    source_name: str = "ERA5"
+    scaled_variables: Optional[List[str]] = None
 
 
 @dataclass
@@ -177,6 +185,14 @@ class LossConfig:
     # per variable: one weight, or one per level of an upper-air variable (CREDIT's); default 1.0
     variable_weights: Dict[str, Any] = field(default_factory=dict)
     normalize_variable_weights: bool = True  # divide by their mean (CREDIT: false, the weights as given)
+    # the error on normalized values, or on physical ones (de-normalised with the data's target
+    # statistics: CREDIT's gen2 BaseLoss behind its inverse-scaler postblocks)
+    space: str = "normalized"
+    # mean over every channel, or each variable's mean then the mean over variables (BaseLoss)
+    combine: str = "channels"
+    # each variable's weight divided by its variance (the mean of its channels' std^2): BaseLoss's
+    # var_weighting: inverse_variance
+    inverse_variance: bool = False
     # how a multi-step forecast's step losses combine: mean | sum (CREDIT's trainers: each
     # step's loss backpropagated, i.e. summed)
     forecast_steps: str = "mean"

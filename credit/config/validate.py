@@ -103,8 +103,18 @@ def _validate_credit_gen2(data: DictConfig) -> None:
                         ("static", list(v.static)), ("diagnostic", list(v.diagnostic))):
         check(not names or bool(files[role]), f"data.credit.files.{role}", files[role],
                f"a path template for {names}")
-    for role in ("mean", "std"):
-        check(bool(files[role]), f"data.credit.files.{role}", files[role], "the era5_normalizer's statistics file")
+    if files.bridgescaler:
+        for role in ("mean", "std"):
+            check(not files[role], f"data.credit.files.{role}", files[role],
+                   "null with data.credit.files.bridgescaler (one normaliser: the bridgescaler file or mean/std)")
+    else:
+        for role in ("mean", "std"):
+            check(bool(files[role]), f"data.credit.files.{role}", files[role],
+                   "the era5_normalizer's statistics file (or data.credit.files.bridgescaler)")
+        check(not files.bridgescaler_inverse, "data.credit.files.bridgescaler_inverse", files.bridgescaler_inverse,
+               "null without data.credit.files.bridgescaler")
+        check(credit.scaled_variables is None, "data.credit.scaled_variables", credit.scaled_variables,
+               "null without data.credit.files.bridgescaler (the era5_normalizer scales what its files hold)")
     check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
            "false with data.layout=credit-gen2 (`credit data generate --layout credit-gen2` writes such data)")
 
@@ -195,6 +205,13 @@ def validate_trainer(trainer: DictConfig) -> None:
     check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
            trainer.loss.forecast_steps, "mean or sum")
     check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
+    check(trainer.loss.space in ("normalized", "physical"), "trainer.loss.space", trainer.loss.space,
+           "normalized or physical")
+    check(trainer.loss.combine in ("channels", "variables"), "trainer.loss.combine", trainer.loss.combine,
+           "channels or variables")
+    check(not trainer.loss.inverse_variance or trainer.loss.combine == "variables", "trainer.loss.inverse_variance",
+           trainer.loss.inverse_variance, "false unless trainer.loss.combine=variables (each variable's weight is "
+           "divided by its variance)")
     for weight_name, weight in trainer.loss.variable_weights.items():
         values = list(weight) if OmegaConf.is_list(weight) or isinstance(weight, (list, tuple)) else [weight]
         check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in values),

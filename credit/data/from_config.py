@@ -98,7 +98,8 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
         levels=list(data.levels), period=period, timestep=credit.timestep, level_coord=credit.level_coord,
         stats_levels=None if credit.stats_levels is None else list(credit.stats_levels),
         history_len=data.history_len, forecast_len=forecast_len,
-        clamp=None if credit.clamp is None else list(credit.clamp),
+        clamp=None if credit.clamp is None else list(credit.clamp), source_name=credit.source_name,
+        scaled=None if credit.scaled_variables is None else list(credit.scaled_variables),
     )
 
 

@@ -173,9 +173,7 @@ TABLE: tuple[Rule, ...] = (
     *(Rule(f"trainer.{key}", note="CREDIT's gen2 trainer does not read it", schema="gen2")
       for key in ("use_mixed_precision", "mixed_precision", "checkpoint_all_layers")),
     Rule("trainer.cpu_offload", _refuse_if(bool, "trainer.cpu_offload: true is not implemented"), schema="gen2"),
-    Rule("loss.type", lambda value, conf: (f"loss.type: {value!r}; CREDIT's gen2 loss objects (type/args) are not "
-                                           "read here; its flat loss keys (training_loss, use_latitude_weights, "
-                                           "...) are")),
+    Rule("loss.type", cvg.loss),
     Rule("loss.args", note="read with loss.type"),
 )
 RULES = {(rule.schema, rule.key): rule for rule in TABLE}

@@ -22,7 +22,13 @@ Normalisation is the normaliser's float32 arithmetic: `(x - mean) / max(std, 1e-
 statistics of the variable's bare name in both files (static and dynamic forcing too); a
 variable missing from either file passes through as stored. A 3-D variable's statistics are
 matched by position (`stats_levels`, 1-indexed, or the file's whole level axis), not by level
-value, as CREDIT matches them. `clamp` bounds every value afterwards.
+value, as CREDIT matches them. With a bridgescaler file instead (CREDIT's
+`bridgescaler_transform` preblock, `bridgescaler_file`), the `scaled` variables take
+`(x - mean) / sqrt(var)` in float32, inputs with the file's input scalers and targets with its
+target scalers, one per level in the data's level order; the others pass through as stored.
+Forecasts are de-normalised with the target scalers of `bridgescaler_inverse` (CREDIT's inverse
+postblocks' file) when it is given.
+`clamp` bounds every value afterwards.
 
 Hand-written rather than a generic xarray multi-file open: each sample reads a handful of exact
 times from the one file that holds each, which `open_mfdataset` would index across every file.
@@ -118,6 +124,9 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     and `mean`, `std` to the normaliser's files (relative to `root` or absolute). `levels`
     are picked nearest in the files' `level_coord` (None: the files' levels in file order);
     `stats_levels` are the normaliser's 1-indexed positions on the statistics' level axis.
+    `files["bridgescaler"]`, when given, replaces the mean and std files: the bridgescaler
+    file's scalers of `source_name`'s `scaled` variables (bare names; None: every variable the
+    file has a scaler for).
     `forecast_len` counts target steps, as CREDIT's gen2 does. Raises :class:`DataError`
     naming the file, variable or time of any mismatch with the files.
     """
@@ -128,7 +137,8 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                  prognostic_2d: Sequence[str], dynamic_forcing: Sequence[str], static: Sequence[str],
                  diagnostic: Sequence[str], levels: Sequence[float] | None, period: tuple[str, str],
                  timestep: str, level_coord: str = "level", stats_levels: Sequence[int] | None = None,
-                 history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None):
+                 history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None,
+                 source_name: str = "ERA5", scaled: Sequence[str] | None = None):
         self.root = Path(root)
         self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
                           dynamic_forcing=list(dynamic_forcing), static=list(static), diagnostic=list(diagnostic))
@@ -152,7 +162,16 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
         self._static_path = self._role_files(files, "static")[0][0] if self.names["static"] else None
         self._scan_grid(levels)
         self.check_static(self._static_path, drop="time")
-        self._load_statistics(files, stats_levels)
+        if files.get("bridgescaler"):
+            self._mean, self._std, self._target_mean, self._target_std = self._load_bridgescaler(
+                files["bridgescaler"], source_name, scaled, ("input", "target"))
+            self._output_mean, self._output_std = self._target_mean, self._target_std
+            if files.get("bridgescaler_inverse"):
+                self._output_mean, self._output_std = self._load_bridgescaler(
+                    files["bridgescaler_inverse"], source_name, scaled, ("target",))
+        else:
+            self._load_statistics(files, stats_levels)
+            self._target_mean, self._target_std = self._output_mean, self._output_std = self._mean, self._std
         self._static_values: np.ndarray | None = None
         start, end = parse_period(tuple(period))
         first = start + (self.history_len - 1) * self.step_ns
@@ -275,6 +294,48 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
             mean_ds.close()
             std_ds.close()
 
+    def _load_bridgescaler(self, file: str, source_name: str, scaled: Sequence[str] | None,
+                           sides: Sequence[str]) -> tuple[dict[str, np.ndarray], ...]:
+        """(mean, std) tables of each of `sides` ("input", "target"): the file's scalers of the
+        `scaled` variables, shaped as the data's fields take them."""
+        from credit.interop.bridgescaler_file import read_standard_scalers, var_key
+
+        found = template_files(self.root, file)
+        if len(found) > 1:
+            raise DataError(f"the bridgescaler file {file!r} must name one file; it matches {len(found)}")
+        path = found[0][0] if found else self.root / file  # read_standard_scalers says it does not exist
+        scalers = {side: read_standard_scalers(path, side) for side in sides}
+        roles = {"input": ("upper_air", "surface", "dynamic_forcing", "static"),
+                 "target": ("upper_air", "surface", "diagnostic")}
+        wanted = None if scaled is None else set(scaled)
+        known = {v for names in self.names.values() for v in names}
+        if wanted is not None and wanted - known:
+            raise DataError(f"the bridgescaler's variables {sorted(wanted - known)} are not among the data's "
+                            f"variables {sorted(known)}")
+        tables: list[dict[str, np.ndarray]] = []
+        for side in sides:
+            means, stds = {}, {}
+            for role in roles[side]:
+                for var in self.names[role]:
+                    key = var_key(source_name, role, var)
+                    if key not in scalers[side]:
+                        if wanted is not None and var in wanted:
+                            raise DataError(f"{path} has no {side} scaler for {key} (its {side} scalers: "
+                                            f"{sorted(scalers[side])})")
+                        continue  # CREDIT's preblock passes a variable it does not select through as stored
+                    if wanted is not None and var not in wanted:
+                        continue
+                    mean, std = scalers[side][key]
+                    channels = len(self.level_values) if role == "upper_air" else 1
+                    if mean.size != channels:
+                        raise DataError(f"{path}: the {side} scaler of {key} holds {mean.size} channels; the data "
+                                        f"give {var} {channels} (levels {self.levels if channels > 1 else '-'}), "
+                                        "matched by position as CREDIT's scaler matches them")
+                    shape = (-1, 1, 1) if role == "upper_air" else ()  # per level / one number
+                    means[var], stds[var] = mean.reshape(shape), std.reshape(shape)
+            tables += [means, stds]
+        return tuple(tables)
+
     def _check_stat_levels(self, path: Path, stat, rows: list[int]) -> None:
         """CREDIT matches statistics to levels by position; say so when their own level
         coordinate, read at those positions, names other levels than the data's."""
@@ -318,13 +379,14 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                 "time": torch.from_numpy(np.append(inputs, targets)),
                 "index": torch.tensor(index, dtype=torch.int64), "skipped": torch.tensor(0)}
 
-    def _normalized(self, var: str, values: np.ndarray) -> np.ndarray:
+    def _normalized(self, var: str, values: np.ndarray, target: bool = False) -> np.ndarray:
         values = _f32(values)
-        if var not in self._mean:
+        mean, std = (self._target_mean, self._target_std) if target else (self._mean, self._std)
+        if var not in mean:
             return values
-        return (values - self._mean[var]) / self._std[var]
+        return (values - mean[var]) / std[var]
 
-    def _field(self, role: str, var: str, t: int) -> np.ndarray:
+    def _field(self, role: str, var: str, t: int, target: bool = False) -> np.ndarray:
         path = self._file_at(role, t)
         da = self._store(path)[var].isel(time=self._row(path, t))
         upper = var in self.names["upper_air"]
@@ -332,13 +394,16 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
             da = da.transpose(self.level_coord, ...).isel({self.level_coord: self._level_rows})
         values = self.check_finite(np.asarray(da.values)[None], var, path, np.array([t]),
                                    self.level_values if upper else None)[0]
-        return self._normalized(var, values)
+        return self._normalized(var, values, target)
 
     def _state(self, t: int, with_diagnostic: bool) -> np.ndarray:
-        parts = [self._field("prognostic", v, t) for v in self.names["upper_air"]]
-        parts += [self._field("prognostic", v, t)[None] for v in self.names["surface"]]
+        """The state channels at `t`: an input frame, or with `with_diagnostic` a target (its
+        diagnostic channels added, every channel on the target side's statistics)."""
+        target = with_diagnostic
+        parts = [self._field("prognostic", v, t, target) for v in self.names["upper_air"]]
+        parts += [self._field("prognostic", v, t, target)[None] for v in self.names["surface"]]
         if with_diagnostic:
-            parts += [self._field("diagnostic", v, t)[None] for v in self.names["diagnostic"]]
+            parts += [self._field("diagnostic", v, t, target)[None] for v in self.names["diagnostic"]]
         return np.concatenate(parts, axis=0)
 
     def _forcing(self, t: int) -> np.ndarray:
@@ -385,11 +450,13 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
 
     @property
     def target_mean(self) -> np.ndarray:
-        return self._stat(self._mean, 0.0)
+        """What de-normalises the outputs (forecasts, physical-unit losses): the normaliser's, or
+        the target scalers of the bridgescaler file the inverse postblocks name."""
+        return self._stat(self._output_mean, 0.0)
 
     @property
     def target_std(self) -> np.ndarray:
-        return self._stat(self._std, 1.0)
+        return self._stat(self._output_std, 1.0)
 
 
 def _iso(t: int) -> str:

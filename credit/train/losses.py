@@ -5,6 +5,13 @@ The error functions are CREDIT's (`credit/losses`), which its trainer calls as
 `loss(target, prediction)`: mse, mae and huber are torch's; logcosh, xtanh and xsigmoid
 add 1e-12 to target - prediction; msle compares log(|x| + 1). mse keeps the expression it
 always had here, (prediction - target)^2, the same bits as CREDIT's (target - prediction)^2.
+
+Two ways to combine the weighted errors (`trainer.loss.combine`): the mean over every channel
+(CREDIT's flat losses), or each variable's mean over its channels and then the mean over
+variables (CREDIT's gen2 BaseLoss); both are one mean over (batch, channel, lat, lon) with
+per-channel weights (`channel_weights`, `variable_mean_weights`). With `space="physical"` the
+error is taken after de-normalising prediction and target (x * std + mean per channel, the
+inverse of CREDIT's scaler), as BaseLoss scores its postblocks' physical units.
 """
 
 from __future__ import annotations
@@ -43,6 +50,38 @@ def channel_weights(
     return (weights / weights.mean() if normalize else weights).float()
 
 
+def variable_mean_weights(
+    channel_variables: Sequence[str], variable_weights: Mapping[str, Any], normalize: bool = True,
+    channel_variance: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Per-channel weights that make one mean over all channels CREDIT's BaseLoss combination:
+    the mean over variables of W_v times the variable's own mean error. W_v is the variable's
+    weight (default 1), divided by its variance (the mean over its channels of
+    `channel_variance`) when that is given, and with `normalize` divided by the mean of the W_v."""
+    names = list(dict.fromkeys(channel_variables))
+    counts = {v: channel_variables.count(v) for v in names}
+    weights = {}
+    for v in names:
+        given = variable_weights.get(v, 1.0)
+        if not isinstance(given, (int, float)):
+            raise ValueError(f"trainer.loss.variable_weights.{v}: {given}; with trainer.loss.combine=variables a "
+                             "variable has one weight")
+        weights[v] = float(given)
+    if channel_variance is not None:
+        variance = torch.as_tensor(list(channel_variance), dtype=torch.float64)
+        for v in names:
+            rows = [i for i, c in enumerate(channel_variables) if c == v]
+            weights[v] /= max(float(variance[rows].mean()), 1e-12)  # BaseLoss's floor
+    if normalize:
+        mean = sum(weights.values()) / len(weights)
+        if mean > 0:
+            weights = {v: w / mean for v, w in weights.items()}
+    if sum(weights.values()) <= 0:
+        raise ValueError("trainer.loss.variable_weights leaves every output variable at weight 0")
+    scale = len(channel_variables) / len(names)
+    return torch.tensor([weights[v] * scale / counts[v] for v in channel_variables], dtype=torch.float64).float()
+
+
 def _logcosh(prediction: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
     return torch.log(torch.cosh(target - prediction + 1e-12))
 
@@ -70,20 +109,47 @@ ERRORS = {
 
 
 class WeightedLoss(nn.Module):
-    """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target)."""
+    """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target);
+    with `physical=(std, mean)` per channel, the error of x * std + mean of both."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
-                 huber_delta: float = 1.0) -> None:
+                 huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         if function not in ERRORS:
             raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS)}")
         self.function, self.huber_delta = function, huber_delta
         self.register_buffer("lat_weights", lat_weights.view(1, 1, -1, 1), persistent=False)
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
+        self.physical = physical is not None
+        if physical is not None:
+            for name, stat in zip(("std", "mean"), physical):
+                self.register_buffer(name, torch.as_tensor(stat, dtype=torch.float32).view(1, -1, 1, 1),
+                                     persistent=False)
 
     def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The weighted elementwise error (B, C, lat, lon), before any sum."""
+        if self.physical:  # float32 as BaseLoss scores it (physical magnitudes overflow half precision)
+            prediction = prediction.float() * self.std + self.mean
+            target = target.float() * self.std + self.mean
         return ERRORS[self.function](prediction, target, self.huber_delta) * self.lat_weights * self.chan_weights
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.weighted_error(prediction, target).mean()
+
+
+def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torch.Tensor,
+                  target_std: Sequence[float], target_mean: Sequence[float]) -> WeightedLoss:
+    """The loss `trainer.loss` (its schema: credit/config/schema.py LossConfig) describes, for
+    output channels of `channel_variables` whose data statistics are `target_std`, `target_mean`."""
+    std = torch.as_tensor(list(map(float, target_std)), dtype=torch.float32)
+    mean = torch.as_tensor(list(map(float, target_mean)), dtype=torch.float32)
+    if not loss.latitude_weighting:
+        lat_weights = torch.ones_like(lat_weights)
+    if loss.combine == "variables":
+        variance = std.double() ** 2 if loss.inverse_variance else None
+        weights = variable_mean_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights,
+                                        variance)
+    else:
+        weights = channel_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights)
+    return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
+                        physical=(std, mean) if loss.space == "physical" else None)

@@ -37,7 +37,7 @@ from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
 from credit.train.deterministic import sample_mean
 from credit.train.loaders import build_loaders
-from credit.train.losses import WeightedLoss, channel_weights
+from credit.train.losses import training_loss
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
 from credit.train.memory import PeakMemory, mib
@@ -146,11 +146,8 @@ class Trainer:
         if not trainer.loss.latitude_weighting:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
-        self.loss_fn = WeightedLoss(
-            lat_w, channel_weights(self.channel_variables, trainer.loss.variable_weights,
-                                   trainer.loss.normalize_variable_weights),
-            trainer.loss.function, trainer.loss.huber_delta,
-        ).to(rt.device)
+        self.loss_fn = training_loss(trainer.loss, self.channel_variables, lat_w, self.train_set.target_std,
+                                     self.train_set.target_mean).to(rt.device)
         self.progress = Progress(global_batch_size=self.sampler.global_batch_size)
 
     def _resolve_epochs(self) -> None:

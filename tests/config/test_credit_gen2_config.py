@@ -94,9 +94,8 @@ def _refuses(conf: dict, tmp_path: Path, refusal: str) -> None:
      "each shard"),
     ("trainer.parallelism", {"data": "ddp", "pipeline": 2}, "trainer.parallelism.pipeline"),
     ("data.date_ranges", [["2000-01-01", "2000-01-02"]], "data.date_ranges"),
-    ("preblocks.per_step.norm.type", "bridgescaler_transform",
-     "preblocks.per_step.norm.type: 'bridgescaler_transform'"),
-    ("loss.type", "base", "loss.type: 'base'"),
+    ("preblocks.per_step.norm.type", "log_transform", "preblocks.per_step.norm.type: 'log_transform'"),
+    ("loss.type", "base", "loss.type: base scores the postblocks' physical units"),
     ("data.source.HRRR", {"dataset_type": "local"}, "data.source: 2 sources"),
     ("data.source.ERA5.variables.static.vars_3D", ["Z"], "data.source.ERA5.variables.static.vars_3D"),
 ])
@@ -126,10 +125,75 @@ def test_credits_gen2_example_maps_key_by_key():
     assert {"data.mean_path", "data.static_first", "data.one_shot"} <= set(mapping.ignored)
 
 
-def test_credits_bridgescaler_example_is_refused_naming_its_preblock():
+def test_credits_bridgescaler_example_maps_key_by_key():
+    """CREDIT's current gen2 example: bridgescaler preblock and inverse postblocks, BaseLoss."""
     mapping = map_credit_file(WHOLE_FILES["config/gen_2/examples/example-v2026.2.yml"])
-    assert mapping.refused[0].startswith("preblocks.per_step.scaler.type: 'bridgescaler_transform'")
-    assert not map_credit_file(WHOLE_FILES["config/example-v2026.1.0.yml"]).refused  # gen1's example
+    assert [line for line in mapping.refused if "matches no file" not in line] == []
+    cfg = compose_config([*mapping.overrides, "run_dir=/tmp/unused"])
+    files = cfg.data.credit.files
+    assert files.bridgescaler.endswith("ERA5_mlevel_1deg_6h_bridgescaler_pre.json") and files.mean is None
+    assert files.bridgescaler_inverse == files.bridgescaler
+    assert "toa_incident_solar_radiation" in cfg.data.credit.scaled_variables
+    assert not set(cfg.data.variables.static) & set(cfg.data.credit.scaled_variables)  # statics as stored
+    loss = cfg.trainer.loss
+    assert (loss.space, loss.combine, loss.inverse_variance, loss.normalize_variable_weights,
+            loss.latitude_weighting, loss.function) == ("physical", "variables", True, True, True, "mse")
+
+
+def _bridgescaler_config(gen2_dataset: Path, tmp_path: Path) -> Path:
+    """The generated gen2 config as CREDIT's current example has it: a bridgescaler file (here
+    the generated statistics, written as `credit preprocess` writes its scalers), the scaler
+    preblock on prognostic, forcing and diagnostic variables, the inverse postblocks and BaseLoss."""
+    from credit.interop.bridgescaler_file import write_standard_scalers
+
+    conf = yaml.safe_load((gen2_dataset / "credit.yml").read_text())
+    norm = conf["preblocks"]["per_step"]["norm"]["args"]
+    groups = conf["data"]["source"]["ERA5"]["variables"]
+    tables: dict[str, dict] = {"input": {}, "target": {}}
+    with xr.open_dataset(norm["mean_path"]) as mean, xr.open_dataset(norm["std_path"]) as std:
+        for field_type, sides in (("prognostic", ("input", "target")), ("dynamic_forcing", ("input",)),
+                                  ("diagnostic", ("target",))):
+            group = groups.get(field_type) or {}
+            for dims, names in (("3d", group.get("vars_3D") or []), ("2d", group.get("vars_2D") or [])):
+                for name in names:
+                    for side in sides:
+                        tables[side][f"ERA5/{field_type}/{dims}/{name}"] = (mean[name].values, std[name].values)
+    scaler = tmp_path / "scaler.json"
+    write_standard_scalers(scaler, tables)
+    conf["preblocks"]["per_step"] = {
+        "scaler": {"type": "bridgescaler_transform", "args": {
+            "scaler_path": str(scaler), "method": "transform",
+            "variables": ["ERA5/prognostic", "ERA5/dynamic_forcing", "ERA5/diagnostic"]}},
+        "concat": {"type": "concat"}}
+    inverse = {"scaler_path": str(scaler), "variables": [], "method": "inverse_transform"}
+    conf["postblocks"] = {"per_step": {
+        "reconstruct": {"type": "reconstruct", "args": {"detach": False}},
+        "scaler": {"type": "bridgescaler_transform", "args": inverse},
+        "reconstruct_target": {"type": "reconstruct", "args": {"in_key": "y", "out_key": "y_target_processed"}},
+        "scaler_target": {"type": "bridgescaler_transform", "args": {**inverse, "key": "y_target_processed"}}}}
+    conf["loss"] = {"type": "base", "args": {"training_loss": "mse", "var_weighting": "inverse_variance",
+                                             "scaler_path": str(scaler), "normalize_weights": True,
+                                             "use_latitude_weights": True}}
+    config = tmp_path / "credit.yml"
+    config.write_text(yaml.safe_dump(conf, sort_keys=False))
+    return config
+
+
+def test_train_then_rollout_with_bridgescaler_and_the_gen2_loss(gen2_dataset, tmp_path):
+    config = _bridgescaler_config(gen2_dataset, tmp_path)
+    run = tmp_path / "run"
+    common = ["--credit-config", str(config), f"run_dir={run}", "model.dim=[16,32,64,128]", "model.dim_head=8"]
+    trained = _cli("train", *common, "trainer.max_steps=2", "trainer.progress_bar=false")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    losses = [float(line.split(",")[3]) for line in (run / "metrics.csv").read_text().splitlines()[1:]
+              if ",train," in line]
+    # BaseLoss with inverse variance weights normalised to mean 1: the mean over variables of
+    # error / variance, near the normalised error of a fresh model (order 1), and finite
+    assert len(losses) == 2 and all(0 < v < 100 for v in losses), losses
+    forecast = _cli("rollout", *common, f"rollout.output_dir={tmp_path / 'forecasts'}")
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    with xr.open_dataset(sorted((tmp_path / "forecasts").glob("*.nc"))[0]) as ds:
+        assert {"U", "T", "SP", "t2m"} <= set(ds.data_vars) and all(bool(ds[v].notnull().all()) for v in ds.data_vars)
 
 
 def test_credits_multistep_gen2_smoke_config_sums_its_steps():

@@ -1,0 +1,91 @@
+"""CREDIT's bridgescaler files: the scalers `credit preprocess` fits and its gen2
+`bridgescaler_transform` pre- and postblocks apply, read with NCAR's `bridgescaler` package.
+
+A file nests one fitted scaler per variable as {data type: {source: {var key: scaler}}}: the data
+types `input` and `target` are fitted on different samples, so a variable's input and target
+statistics differ; a var key is `SOURCE/FIELD_TYPE/3d|2d/NAME`. The z-score scaler
+(`DStandardScalerTensor`, channels first: one mean and variance per level of a 3-D variable, one
+for a 2-D one) is read here; CREDIT's transform is `(x - mean) / sqrt(var)` and its inverse
+`x * sqrt(var) + mean`, in float32 with torch's sqrt. Quantile and min-max scalers, channels-last and per-grid-point
+scalers are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from credit.data.catalog import DataError
+
+FIELD_KEYS = {"upper_air": ("prognostic", "3d"), "surface": ("prognostic", "2d"),
+              "dynamic_forcing": ("dynamic_forcing", "2d"), "static": ("static", "2d"),
+              "diagnostic": ("diagnostic", "2d")}
+"""This project's variable roles as CREDIT's gen2 var keys spell them (field type, dims)."""
+
+
+def var_key(source: str, role: str, name: str) -> str:
+    field_type, dims = FIELD_KEYS[role]
+    return f"{source}/{field_type}/{dims}/{name}"
+
+
+def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{var key: (mean, std)} of the file's `data_type` ("input" or "target") scalers, float32 per
+    channel, std = sqrt(var) as CREDIT's transform takes it; a `DataError` naming the file and
+    variable for a missing file, another scaler kind, or a variance that is not finite and > 0."""
+    path = Path(os.path.expandvars(str(path)))
+    if not path.is_file():
+        raise DataError(f"bridgescaler file {path} does not exist (CREDIT's `credit preprocess` fits and writes it)")
+    try:
+        from bridgescaler import load_scaler_dict  # ~10 s of import (numba): only when a file is read
+        scalers = load_scaler_dict(str(path))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+        raise DataError(f"bridgescaler file {path} is not a scaler file bridgescaler reads: "
+                        f"{type(err).__name__}: {err}") from None
+    if data_type not in scalers:
+        raise DataError(f"bridgescaler file {path} has no {data_type!r} scalers; it holds {sorted(scalers)}")
+    out = {}
+    for source in dict(scalers[data_type]).values():
+        for key, scaler in dict(source).items():
+            kind = type(scaler).__name__
+            if kind != "DStandardScalerTensor":
+                raise DataError(f"{path}: {data_type} scaler of {key} is a {kind}; the z-score scaler "
+                                "(DStandardScalerTensor, CREDIT's default scaler_type: standard) is read here")
+            if getattr(scaler, "channels_last", False):
+                raise DataError(f"{path}: {data_type} scaler of {key} was fitted channels-last (one statistic per "
+                                "longitude of CREDIT's (level, time, lat, lon) tensors); CREDIT's tensors are "
+                                "channels-first (scaler_params.channels_last: false)")
+            mean = np.asarray(scaler.mean_x_, dtype=np.float32).reshape(-1)
+            var = np.asarray(scaler.var_x_, dtype=np.float32).reshape(-1)
+            bad = np.flatnonzero(~np.isfinite(var) | (var <= 0) | ~np.isfinite(mean))
+            if bad.size:
+                raise DataError(f"{path}: {data_type} scaler of {key} has variance {float(var[bad[0]])} and mean "
+                                f"{float(mean[bad[0]])} at channel {int(bad[0])}; CREDIT divides by sqrt(var), so "
+                                "each must be finite and the variance > 0 (a constant field?)")
+            # torch's sqrt, as CREDIT's transform takes it: its vector kernels are not always correctly
+            # rounded (1 ulp off on AVX2), so numpy's would differ from CREDIT's in the last bit
+            out[key] = (mean, torch.sqrt(torch.from_numpy(var)).numpy())
+    return out
+
+
+def write_standard_scalers(path: str | Path, scalers: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]) -> None:
+    """Write a bridgescaler file as `credit preprocess` leaves it: `scalers` maps a data type
+    ("input", "target") to {var key: (mean, std) per channel}; each becomes a fitted channels-first
+    `DStandardScalerTensor` (variance std^2) under the var key's source."""
+    from bridgescaler import save_scaler_dict
+    from bridgescaler.distributed_tensor import DStandardScalerTensor
+
+    nested: dict[str, dict[str, dict[str, object]]] = {}
+    for data_type, table in scalers.items():
+        for key, (mean, std) in table.items():
+            scaler = DStandardScalerTensor(channels_last=False)
+            scaler.mean_x_ = torch.as_tensor(np.asarray(mean, dtype=np.float32).reshape(-1))
+            scaler.var_x_ = torch.as_tensor(np.asarray(std, dtype=np.float32).reshape(-1)) ** 2
+            scaler.n_ = torch.ones_like(scaler.mean_x_)
+            scaler.x_columns_ = list(range(scaler.mean_x_.numel()))
+            scaler._fit = True
+            nested.setdefault(data_type, {}).setdefault(key.split("/")[0], {})[key] = scaler
+    save_scaler_dict(nested, str(path))

@@ -1,0 +1,178 @@
+"""CREDIT's gen2 scaling and loss against CREDIT's own code (tests/fixtures/credit_bridgescaler,
+made with its `make.py`): a bridgescaler file fitted as `credit preprocess` fits it, read by
+NCAR's bridgescaler; the samples its `bridgescaler_transform` and `concat` preblocks make; and
+its `loss.type: base` (BaseLoss) behind the inverse-scaler postblocks. The CREDIT config goes
+through the mapping table and hydra composition, as `credit train --credit-config` takes it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from credit_fixtures import FP32_UNIT_ROUNDOFF, sum_rounding_bound
+
+from credit.config import compose_config
+from credit.data.catalog import DataError
+from credit.data.from_config import build_dataset
+from credit.data.latitude import latitude_weights
+from credit.interop.config_file import map_credit_file
+from credit.models.inputs import credit_input
+from credit.train.losses import training_loss
+from credit.train.validation import output_channel_variables
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURE = FIXTURES / "credit_bridgescaler"
+DATA = FIXTURES / "credit_gen2_data" / "data"
+SCALER = "ERA5/prognostic", "ERA5/dynamic_forcing", "ERA5/diagnostic"
+POSTBLOCKS = {"per_step": {
+    "reconstruct": {"type": "reconstruct", "args": {"detach": False}},
+    "scaler": {"type": "bridgescaler_transform", "args": {"scaler_path": "SCALER", "variables": [],
+                                                          "method": "inverse_transform"}},
+    "reconstruct_target": {"type": "reconstruct", "args": {"in_key": "y", "out_key": "y_target_processed"}},
+    "scaler_target": {"type": "bridgescaler_transform",
+                      "args": {"scaler_path": "SCALER", "variables": [], "method": "inverse_transform",
+                               "key": "y_target_processed"}}}}
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict:
+    return torch.load(FIXTURE / "expected.pt")
+
+
+def credit_config(scaler: Path = FIXTURE / "scaler.json", loss: dict | None = None) -> dict:
+    """CREDIT's gen2 config of the fixture (`make.py`): the gen2 data fixture's variant A with
+    the bridgescaler preblock, and with `loss` its BaseLoss behind the inverse postblocks."""
+    base = torch.load(FIXTURES / "credit_gen2_data" / "expected_A.pt")["config"]
+    conf = json.loads(json.dumps(base).replace("DATA/", f"{DATA}/"))
+    conf["preblocks"] = {"per_step": {
+        "scaler": {"type": "bridgescaler_transform",
+                   "args": {"scaler_path": str(scaler), "variables": list(SCALER), "method": "transform",
+                            "scaler_params": {"channels_last": False}}},
+        "concat": {"type": "concat", "args": {"to_device": False}}}}
+    if loss is not None:
+        conf["postblocks"] = json.loads(json.dumps(POSTBLOCKS).replace("SCALER", str(scaler)))
+        conf["loss"] = {"type": "base", "args": {**loss, "scaler_path": str(scaler),
+                                                 "latitude_weights": str(DATA / "static.nc")}}
+    return conf
+
+
+def composed(conf: dict):
+    mapping = map_credit_file(conf)
+    assert mapping.refused == []
+    return compose_config(list(mapping.overrides))
+
+
+def test_the_samples_are_credits_bridgescaler_preblocks(expected):
+    """Inputs with the file's input scalers, targets with its target scalers (fitted on other
+    samples, so they differ), statics as stored: (x - mean) / sqrt(var) in float32 both sides.
+    The subtraction and division are correctly rounded everywhere; torch's float32 sqrt is not
+    (its AVX2 kernel is 1 ulp off for about a fifth of inputs) and CREDIT's bits follow the CPU
+    that ran it, so: within sqrt's ulp (2^-23 relative) and the division's rounding (bitwise on
+    the AVX2 machine that made the fixture)."""
+    cfg = composed(credit_config())
+    assert cfg.data.credit.files.bridgescaler.endswith("scaler.json") and cfg.data.credit.files.mean is None
+    train = build_dataset(cfg.data, "train_period")
+    assert len(train) == len(expected["x"]) == 15
+    for index in range(len(train)):
+        sample = train[index]
+        x = credit_input(sample["state"][None], sample["forcing"][None, :1], sample["static"][None])
+        torch.testing.assert_close(x, expected["x"][index][None], rtol=2 ** -22, atol=0)
+        torch.testing.assert_close(sample["target"][0], expected["y"][index][:, 0], rtol=2 ** -22, atol=0)
+    # the input and target sides of a variable differ, and so do the statistics de-normalising forecasts
+    t_850 = train.state_channel_names.index("T_850")
+    assert not torch.equal(expected["x"][1, t_850], expected["y"][0, t_850])
+
+
+@pytest.mark.parametrize("name", ["example", "mae_none", "huber_manual", "mse_inverse_variance_weights"])
+def test_the_loss_is_credits_base_loss_on_the_same_tensors(expected, name):
+    """`loss.type: base` maps to trainer.loss (physical space, per-variable means, inverse
+    variance weights) and gives BaseLoss's value and gradient on the fixture's prediction."""
+    function, params, weighting, weights, normalize, latitude = expected["settings"][name]
+    cfg = composed(credit_config(loss=dict(
+        training_loss=function, base_loss_parameters=params, var_weighting=weighting, variable_weights=weights,
+        normalize_weights=normalize, use_latitude_weights=latitude)))
+    assert (cfg.trainer.loss.space, cfg.trainer.loss.combine) == ("physical", "variables")
+    train = build_dataset(cfg.data, "train_period")
+    v = cfg.data.variables
+    channels = output_channel_variables(v.upper_air, train.levels, v.surface, v.diagnostic)
+    loss_fn = training_loss(cfg.trainer.loss, channels, latitude_weights(train.latitude), train.target_std,
+                            train.target_mean)
+    prediction = expected["prediction"][:, :, 0].clone().requires_grad_(True)
+    target = expected["y"][:4, :, 0]
+    ours = loss_fn(prediction, target)
+    ours.backward()
+    credit = expected["losses"][name]
+    # positive terms: each side's float32 sum is within sum_rounding_bound of the exact one, and
+    # the weights (float32 cos(lat), 1/var from sqrt(var)^2) within a few units of roundoff
+    n = prediction.numel()
+    tolerance = 2 * sum_rounding_bound(n) + 16 * FP32_UNIT_ROUNDOFF
+    assert math.isclose(ours.item(), credit.item(), rel_tol=tolerance, abs_tol=0), (ours.item(), credit.item())
+    grad = expected["grads"][name][:, :, 0]
+    scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)  # per channel: the weights span 10 decades
+    assert ((prediction.grad - grad).abs() / scale).max() < 1e-4
+
+
+def test_a_bridgescaler_file_that_cannot_scale_is_one_line(tmp_path):
+    """A constant field's zero variance, another scaler kind, a missing file: one DataError
+    naming the file and variable, before any sample."""
+    scalers = json.loads((FIXTURE / "scaler.json").read_text())
+    key = "ERA5/prognostic/2d/SP"
+    inner = json.loads(scalers["target"]["ERA5"][key])
+    inner["var_x_"] = {"__numpy__": "AAAAAA==", "dtype": "<f4", "shape": [1]}  # one float32 zero
+    scalers["target"]["ERA5"][key] = json.dumps(inner)
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps(scalers))
+    cfg = composed(credit_config(zero))
+    with pytest.raises(DataError, match=r"zero.json: target scaler of ERA5/prognostic/2d/SP has variance 0.0"):
+        build_dataset(cfg.data, "train_period")
+    inner["type"] = "DMinMaxScalerTensor"
+    scalers["target"]["ERA5"][key] = json.dumps(inner)
+    other = tmp_path / "minmax.json"
+    other.write_text(json.dumps(scalers))
+    with pytest.raises(DataError, match=r"target scaler of ERA5/prognostic/2d/SP is a DMinMaxScalerTensor"):
+        build_dataset(composed(credit_config(other)).data, "train_period")
+    missing = composed(credit_config(tmp_path / "absent.json"))
+    with pytest.raises(DataError, match=r"absent.json.* does not exist .*credit preprocess"):
+        build_dataset(missing.data, "train_period")
+
+
+def test_what_the_mapping_refuses_is_one_line_naming_the_key():
+    conf = credit_config(loss=dict(training_loss="mse", var_weighting="learnable"))
+    assert map_credit_file(conf).refused[0].startswith("loss.args.var_weighting: 'learnable'")
+    conf = credit_config()
+    conf["preblocks"]["per_step"]["scaler"]["args"]["spatial_variables"] = ["ERA5/prognostic/2d/SP"]
+    assert map_credit_file(conf).refused[0].startswith("preblocks.per_step.scaler.args.spatial_variables")
+    conf = credit_config(loss=dict(training_loss="mse"))
+    del conf["postblocks"]["per_step"]["scaler_target"]
+    assert map_credit_file(conf).refused[0].startswith("loss.type: base scores the postblocks' physical units")
+    conf = credit_config(loss=dict(training_loss="mse"))
+    conf["postblocks"]["per_step"]["scaler"]["args"]["variables"] = ["ERA5/prognostic"]
+    assert map_credit_file(conf).refused[0].startswith("postblocks.per_step.scaler.args.variables")
+
+
+def test_the_inverse_postblocks_file_de_normalises_the_outputs(tmp_path, expected):
+    """CREDIT's smoke config scales with one file and inverts with another: samples follow the
+    preblock's file, forecasts (and physical-unit losses) the postblocks' target scalers."""
+    scalers = json.loads((FIXTURE / "scaler.json").read_text())
+    key = "ERA5/prognostic/2d/SP"
+    inner = json.loads(scalers["target"]["ERA5"][key])
+    inner["mean_x_"] = {"__numpy__": "AADIQg==", "dtype": "<f4", "shape": [1]}  # float32 100.0
+    scalers["target"]["ERA5"][key] = json.dumps(inner)
+    post = tmp_path / "post.json"
+    post.write_text(json.dumps(scalers))
+    conf = credit_config(loss=dict(training_loss="mse"))
+    for block in ("scaler", "scaler_target"):
+        conf["postblocks"]["per_step"][block]["args"]["scaler_path"] = str(post)
+    conf["loss"]["args"]["scaler_path"] = str(post)
+    cfg = composed(conf)
+    assert cfg.data.credit.files.bridgescaler_inverse == str(post)
+    train = build_dataset(cfg.data, "train_period")
+    same = build_dataset(composed(credit_config()).data, "train_period")
+    sp = train.target_channel_names.index("SP")
+    assert train.target_mean[sp] == 100.0 != same.target_mean[sp]
+    assert np.array_equal(np.delete(train.target_mean, sp), np.delete(same.target_mean, sp))
+    assert torch.equal(train[3]["target"], same[3]["target"])  # normalised with the preblock's file
