@@ -4,19 +4,26 @@ A sample needs every variable at each of its times, so a variable missing from o
 file removes that year's samples; `missing_times_problem` names the variable, the files
 without it and the samples lost (an error unless `data.allow_missing_times=true`).
 `nonfinite_problem` names the file, variable, time (and level) of the first NaN or inf in
-values just read (`data.nonfinite`: error, or skip the sample).
+values just read (`data.nonfinite`: error, or skip the sample). `missing_zarr_chunk` finds a
+time step's chunk file that a zarr store lacks (read through xarray, it would be fill values).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from credit.config.validate import NONFINITE_MODES
 from credit.data.catalog import DataError, FileInfo, fmt_time
 
-__all__ = ["NONFINITE_MODES", "NonFiniteData", "missing_times_problem", "nonfinite_problem"]
+__all__ = ["NONFINITE_MODES", "NonFiniteData", "missing_times_problem", "missing_zarr_chunk", "missing_zarr_rows",
+           "nonfinite_problem"]
 
 
 class NonFiniteData(DataError):
@@ -82,3 +89,56 @@ def nonfinite_problem(values: np.ndarray, var: str, info: FileInfo, times: np.nd
     where = f" at {', '.join(at)}" if at else ""
     path = getattr(info, "path", info)
     return f"{int(bad.sum())} non-finite values ({kind} first) in {var!r} of {path}{where}; {remedy}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _zarr_v2_chunking(array_dir: Path) -> tuple[tuple[int, ...], tuple[int, ...], str] | None:
+    """(shape, chunks, key separator) of a zarr v2 array folder, or None when it is not one."""
+    meta = array_dir / ".zarray"
+    if not meta.is_file():
+        return None
+    spec = json.loads(meta.read_text())
+    return tuple(spec["shape"]), tuple(spec["chunks"]), spec.get("dimension_separator") or "."
+
+
+def missing_zarr_chunk(store: Path, var: str, time_row: int) -> Path | None:
+    """The first chunk file of `var` at time index `time_row` (its first axis) that a zarr v2
+    directory store lacks, or None. zarr reads an absent chunk as the array's fill value (NaN,
+    or with no fill value zeros or whatever memory held), so a deleted or never-written chunk
+    would train silently; one stat per chunk of the time step."""
+    chunking = _zarr_v2_chunking(Path(store) / var)
+    if chunking is None:
+        return None
+    shape, chunks, sep = chunking
+    per_axis = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:])]
+    for rest in itertools.product(*per_axis):
+        key = sep.join(str(i) for i in (time_row // chunks[0], *rest))
+        if not (Path(store) / var / key).is_file():
+            return Path(store) / var / key
+    return None
+
+
+def missing_zarr_rows(store: Path, var: str) -> list[int]:
+    """The time indices (first axis) of `var` whose chunks a zarr v2 directory store lacks, from
+    one listing of the variable's folder (for a whole store before any read); [] when the
+    array is complete or not a zarr v2 folder."""
+    folder = Path(store) / var
+    chunking = _zarr_v2_chunking(folder)
+    if chunking is None:
+        return []
+    shape, chunks, sep = chunking
+    per_time = 1
+    for n, c in zip(shape[1:], chunks[1:]):
+        per_time *= -(-n // c)
+    if sep == ".":
+        keys = [entry.name for entry in os.scandir(folder) if not entry.name.startswith(".")]
+    else:
+        keys = [str(f.relative_to(folder)).replace(os.sep, sep) for f in folder.rglob("*")
+                if f.is_file() and not f.name.startswith(".")]
+    stored: dict[int, int] = {}
+    for key in keys:
+        head = key.split(sep, 1)[0]
+        if head.isdigit():
+            stored[int(head)] = stored.get(int(head), 0) + 1
+    missing_chunks = [i for i in range(-(-shape[0] // chunks[0])) if stored.get(i, 0) < per_time] if shape else []
+    return [row for i in missing_chunks for row in range(i * chunks[0], min((i + 1) * chunks[0], shape[0]))]

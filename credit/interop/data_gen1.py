@@ -270,6 +270,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
 
     def _read(self, role: str, f: int, var: str, rows: np.ndarray) -> np.ndarray:
         path = self.files[role][f]
+        self.check_stored(path, var, rows, self._file_times[f][rows])
         values = np.asarray(self._store(path)[var].isel(time=rows).values)
         return self.check_finite(values, var, path, self._file_times[f][rows],
                                  self.level_values if role == "upper_air" else None)

@@ -49,6 +49,7 @@ import pandas as pd
 import torch
 
 from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
+from credit.data.statistics_files import first_unusable
 from credit.interop.layout import CreditLayout
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,21 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
             raise DataError(f"no sample fits in period {list(period)}: a sample needs history_len - 1 = "
                             f"{self.history_len - 1} steps before its init and forecast_len = {self.forecast_len} "
                             f"after it, every {timestep}")
+        self._check_stores_complete()
+
+    def _check_stores_complete(self) -> None:
+        """A zarr store that lacks a chunk a sample reads is one error before any sample."""
+        needed = (int(self._inits[0]) - (self.history_len - 1) * self.step_ns,
+                  int(self._inits[-1]) + self.forecast_len * self.step_ns)
+        roles = {"prognostic": self.names["upper_air"] + self.names["surface"],
+                 "dynamic_forcing": self.names["dynamic_forcing"], "diagnostic": self.names["diagnostic"]}
+        for role, entries in self.files.items():
+            for path, *_ in entries:
+                times = None
+                for var in roles[role]:
+                    if times is None:
+                        times = self._store(path)["time"].values.astype("datetime64[ns]").astype(np.int64)
+                    self.check_store_complete(path, var, times, needed)
 
     # ------------------------------------------------------------------ files
     def _has(self, role: str) -> bool:
@@ -279,6 +295,12 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                                             f"fall outside {path}'s {values.shape[0]} levels of {var}")
                         values = values[rows]
                     self._check_stat_levels(path, ds[var], rows)
+                    where = first_unusable(values, path == paths[1])
+                    if where is not None and var not in self.names["static"]:  # a constant static is CREDIT's 0
+                        raise DataError(f"{path}: the {'std' if path == paths[1] else 'mean'} of {var!r} is "
+                                        f"{float(np.atleast_1d(values)[where])} (position {where}); it must be finite"
+                                        + " and > 0: CREDIT divides by max(std, 1e-12), and the normalised values "
+                                          "would overflow the loss" * (path == paths[1]))
                     if var in self.names["upper_air"] and values.ndim == 1 and values.shape[0] > 1:
                         if values.shape[0] != len(self.level_values):
                             raise DataError(f"{path}: {var} has {values.shape[0]} levels, the data "
@@ -388,7 +410,9 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
 
     def _field(self, role: str, var: str, t: int, target: bool = False) -> np.ndarray:
         path = self._file_at(role, t)
-        da = self._store(path)[var].isel(time=self._row(path, t))
+        row = self._row(path, t)
+        self.check_stored(path, var, [row], np.array([t]))
+        da = self._store(path)[var].isel(time=row)
         upper = var in self.names["upper_air"]
         if upper:
             da = da.transpose(self.level_coord, ...).isel({self.level_coord: self._level_rows})

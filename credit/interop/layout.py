@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from credit.data.catalog import DataError
-from credit.data.integrity import NonFiniteData, nonfinite_problem
+from credit.data.catalog import DataError, fmt_time, is_zarr_store
+from credit.data.integrity import NonFiniteData, missing_zarr_chunk, missing_zarr_rows, nonfinite_problem
 
 _OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
 
@@ -31,6 +31,29 @@ class CreditLayout:
         if problem:
             raise NonFiniteData(problem)
         return values
+
+    @staticmethod
+    def check_stored(path, var: str, rows: Sequence[int], times: np.ndarray) -> None:
+        """One error naming the store, variable, time and chunk file when a zarr store lacks the
+        chunk of one of `rows` (xarray would read its fill value: NaN, zeros or stale memory)."""
+        if not is_zarr_store(path):
+            return
+        for row, t in zip(rows, times):
+            missing = missing_zarr_chunk(path, var, int(row))
+            if missing is not None:
+                raise DataError(f"{path}: variable {var!r} has no chunk for time {fmt_time(t)} (time index {int(row)}): "
+                                f"{missing.name} is missing, and zarr would read fill values; repair the store")
+
+    @staticmethod
+    def check_store_complete(path, var: str, times: np.ndarray, needed: tuple[int, int]) -> None:
+        """Before any sample: one error when a zarr store lacks a chunk of `var` at a time (ns,
+        `times` per row) within `needed` (first, last, inclusive)."""
+        if not is_zarr_store(path):
+            return
+        for row in missing_zarr_rows(path, var):
+            if row < len(times) and needed[0] <= int(times[row]) <= needed[1]:
+                raise DataError(f"{path}: variable {var!r} has no chunk for time {fmt_time(int(times[row]))} (time "
+                                f"index {row}), which a sample reads: zarr would read fill values; repair the store")
 
     def check_static(self, path, drop: str | None = None) -> None:
         """Each static variable in `path` and on the data's grid (they are read at the first

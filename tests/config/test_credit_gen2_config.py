@@ -207,3 +207,23 @@ def test_credits_multistep_gen2_smoke_config_sums_its_steps():
     conf["validation_data"]["forecast_len"] = 3  # validation's own lead: the last of 3 steps scored
     cfg = compose_config([*map_credit_file(conf).overrides, "run_dir=/tmp/unused"])
     assert cfg.data.forecast_len == 2 and cfg.data.valid_forecast_len == 3
+
+
+def test_a_store_missing_a_chunk_is_one_line_before_any_step(gen2_dataset, tmp_path):
+    """A zarr chunk deleted (or never written): xarray would read fill values and train on
+    them; the store, variable and time are named before the first step, nothing written."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(gen2_dataset, data)
+    conf = yaml.safe_load((data / "credit.yml").read_text().replace(str(gen2_dataset), str(data)))
+    conf["save_loc"] = str(tmp_path / "run")
+    config = tmp_path / "credit.yml"
+    config.write_text(yaml.safe_dump(conf, sort_keys=False))
+    (data / "ERA5_gen2_6h_2000.zarr" / "T" / "5.0.0.0").unlink()
+    result = _cli("train", "--credit-config", str(config), "trainer.max_steps=1")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert "ERA5_gen2_6h_2000.zarr: variable 'T' has no chunk for time 2000-01-02T06:00:00 (time index 5)" in errors[0]
+    assert not [p for p in (tmp_path / "run").glob("*") if not p.name.startswith(".")]

@@ -156,3 +156,18 @@ def test_a_nan_read_is_one_error_naming_file_variable_and_time(tmp_path):
     with pytest.raises(DataError, match=rf"non-finite values \(NaN first\) in '{var}' of .*ERA5_all_2000\.nc at "
                                         rf"time 2000-"):
         train[0]
+
+
+def test_a_zero_std_is_one_error_naming_the_file_and_variable(tmp_path):
+    """CREDIT's normaliser divides by max(std, 1e-12): a zero std of a dynamic variable would
+    make values near 1e12 and a loss that overflows; one error names it before any sample.
+    A static's (a constant field's) zero std stays CREDIT's: its values minus the mean are 0."""
+    expected = _expected("A")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    with xr.open_dataset(FIXTURE / "data" / "std.nc") as std:
+        values = std.load()
+    values["SP"][...] = 0.0
+    values.to_netcdf(data / "std.nc")
+    with pytest.raises(DataError, match=r"std\.nc: the std of 'SP' is 0\.0 .*must be finite and > 0"):
+        _datasets(_placed(expected["config"], data), data)
