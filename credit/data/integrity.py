@@ -92,53 +92,73 @@ def nonfinite_problem(values: np.ndarray, var: str, info: FileInfo, times: np.nd
 
 
 @functools.lru_cache(maxsize=4096)
-def _zarr_v2_chunking(array_dir: Path) -> tuple[tuple[int, ...], tuple[int, ...], str] | None:
-    """(shape, chunks, key separator) of a zarr v2 array folder, or None when it is not one."""
-    meta = array_dir / ".zarray"
-    if not meta.is_file():
-        return None
-    spec = json.loads(meta.read_text())
-    return tuple(spec["shape"]), tuple(spec["chunks"]), spec.get("dimension_separator") or "."
+def _zarr_chunking(array_dir: Path) -> tuple[tuple[int, ...], tuple[int, ...], str, str] | None:
+    """(shape, chunks, key separator, key prefix) of a zarr v2 or v3 array folder, or None when
+    it is not one (v3: the chunk grid's chunk shape, or its shards when sharded)."""
+    if (array_dir / ".zarray").is_file():
+        spec = json.loads((array_dir / ".zarray").read_text())
+        return tuple(spec["shape"]), tuple(spec["chunks"]), spec.get("dimension_separator") or ".", ""
+    if (array_dir / "zarr.json").is_file():
+        spec = json.loads((array_dir / "zarr.json").read_text())
+        if spec.get("node_type") != "array":
+            return None
+        grid = dict(spec.get("chunk_grid") or {}).get("configuration") or {}
+        encoding = dict(spec.get("chunk_key_encoding") or {"name": "default"})
+        separator = dict(encoding.get("configuration") or {}).get("separator")
+        if encoding.get("name") == "v2":
+            return tuple(spec["shape"]), tuple(grid["chunk_shape"]), separator or ".", ""
+        return tuple(spec["shape"]), tuple(grid["chunk_shape"]), separator or "/", "c" + (separator or "/")
+    return None
+
+
+def _chunk_path(array_dir: Path, index: Sequence[int], separator: str, prefix: str) -> Path:
+    return array_dir / (prefix + separator.join(str(i) for i in index))
 
 
 def missing_zarr_chunk(store: Path, var: str, time_row: int) -> Path | None:
-    """The first chunk file of `var` at time index `time_row` (its first axis) that a zarr v2
-    directory store lacks, or None. zarr reads an absent chunk as the array's fill value (NaN,
-    or with no fill value zeros or whatever memory held), so a deleted or never-written chunk
-    would train silently; one stat per chunk of the time step."""
-    chunking = _zarr_v2_chunking(Path(store) / var)
+    """The first chunk file of `var` at time index `time_row` (its first axis) that a zarr v2 or
+    v3 directory store lacks, or None. zarr reads an absent chunk as the array's fill value
+    (NaN, or with no fill value zeros), so a deleted or never-written chunk would train
+    silently; one stat per chunk of the time step."""
+    folder = Path(store) / var
+    chunking = _zarr_chunking(folder)
     if chunking is None:
         return None
-    shape, chunks, sep = chunking
+    shape, chunks, sep, prefix = chunking
     per_axis = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:])]
     for rest in itertools.product(*per_axis):
-        key = sep.join(str(i) for i in (time_row // chunks[0], *rest))
-        if not (Path(store) / var / key).is_file():
-            return Path(store) / var / key
+        path = _chunk_path(folder, (time_row // chunks[0], *rest), sep, prefix)
+        if not path.is_file():
+            return path
     return None
 
 
 def missing_zarr_rows(store: Path, var: str) -> list[int]:
-    """The time indices (first axis) of `var` whose chunks a zarr v2 directory store lacks, from
-    one listing of the variable's folder (for a whole store before any read); [] when the
-    array is complete or not a zarr v2 folder."""
+    """The time indices (first axis) of `var` whose chunks a zarr v2 or v3 directory store
+    lacks, from one listing of the variable's folder (a whole store, before any read); []
+    when the array is complete or not a zarr array folder."""
     folder = Path(store) / var
-    chunking = _zarr_v2_chunking(folder)
-    if chunking is None:
+    chunking = _zarr_chunking(folder)
+    if chunking is None or not chunking[0]:
         return []
-    shape, chunks, sep = chunking
+    shape, chunks, sep, prefix = chunking
     per_time = 1
     for n, c in zip(shape[1:], chunks[1:]):
         per_time *= -(-n // c)
-    if sep == ".":
+    if sep == "." and not prefix:  # flat folder: one listing
         keys = [entry.name for entry in os.scandir(folder) if not entry.name.startswith(".")]
     else:
-        keys = [str(f.relative_to(folder)).replace(os.sep, sep) for f in folder.rglob("*")
-                if f.is_file() and not f.name.startswith(".")]
+        keys = [f.relative_to(folder).as_posix().replace("/", sep) for f in folder.rglob("*")
+                if f.is_file() and f.name != "zarr.json" and not f.name.startswith(".")]
     stored: dict[int, int] = {}
     for key in keys:
-        head = key.split(sep, 1)[0]
+        if not key.startswith(prefix.replace("/", sep)):
+            continue
+        head = key[len(prefix):].split(sep, 1)[0]
         if head.isdigit():
             stored[int(head)] = stored.get(int(head), 0) + 1
-    missing_chunks = [i for i in range(-(-shape[0] // chunks[0])) if stored.get(i, 0) < per_time] if shape else []
-    return [row for i in missing_chunks for row in range(i * chunks[0], min((i + 1) * chunks[0], shape[0]))]
+    rows = []
+    for i in range(-(-shape[0] // chunks[0])):
+        if stored.get(i, 0) < per_time:
+            rows += range(i * chunks[0], min((i + 1) * chunks[0], shape[0]))
+    return rows

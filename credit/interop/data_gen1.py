@@ -120,6 +120,10 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
         if not self._starts:
             raise DataError(f"no sample fits in period {list(period)}: a sample needs history_len + forecast_len "
                             f"- 1 = {self._window()} more times after its start, in the same yearly file")
+        for role, paths in self.files.items():  # a chunk a sample reads missing: one error, before any sample
+            for f, path in enumerate(paths):
+                for var in self.names[role]:
+                    self.check_store_complete(path, var, self._file_times[f], self.period)
 
     # ------------------------------------------------------------------ files
     def _role_files(self, files: Mapping[str, str | None], role: str, years: tuple[int, int]) -> list[Path]:

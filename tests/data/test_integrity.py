@@ -12,7 +12,7 @@ import xarray as xr
 from datahelpers import FILES, SPEC
 
 from credit.data import DataError, ERA5Dataset
-from credit.data.integrity import NonFiniteData
+from credit.data.integrity import NonFiniteData, missing_zarr_chunk, missing_zarr_rows
 
 
 def _dataset(root, **kw):
@@ -88,3 +88,17 @@ def test_a_nan_in_a_static_field_cannot_be_skipped(small_root, tmp_path):
 def test_an_unknown_nonfinite_mode_is_refused(small_root):
     with pytest.raises(DataError, match=r"nonfinite='drop'; allowed: \['error', 'skip_sample'\]"):
         _dataset(small_root, nonfinite="drop")
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_missing_zarr_chunk_is_found_by_time_index(tmp_path, zarr_format):
+    """zarr reads an absent chunk as fill values; both store formats' chunk files are checked:
+    from one listing of the variable's folder, and for one time step's chunks."""
+    store = tmp_path / "era5.zarr"
+    ds = xr.Dataset({"T": (("time", "level", "latitude", "longitude"), np.ones((5, 2, 4, 6), np.float32))})
+    ds.to_zarr(store, zarr_format=zarr_format, encoding={"T": {"chunks": (1, 2, 2, 6)}})
+    assert missing_zarr_rows(store, "T") == [] and missing_zarr_chunk(store, "T", 3) is None
+    chunk = store / "T" / ("3.0.1.0" if zarr_format == 2 else "c/3/0/1/0")
+    chunk.unlink()
+    assert missing_zarr_rows(store, "T") == [3]
+    assert missing_zarr_chunk(store, "T", 3) == chunk and missing_zarr_chunk(store, "T", 2) is None
