@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,43 @@ FIELD_KEYS = {"upper_air": ("prognostic", "3d"), "surface": ("prognostic", "2d")
 def var_key(source: str, role: str, name: str) -> str:
     field_type, dims = FIELD_KEYS[role]
     return f"{source}/{field_type}/{dims}/{name}"
+
+
+SIDE_ROLES = {"input": ("upper_air", "surface", "dynamic_forcing", "static"),
+              "target": ("upper_air", "surface", "diagnostic")}
+"""The variable roles of each side of a sample, as CREDIT's batch holds them."""
+
+
+def data_statistics(path: Path, side: str, names: Mapping[str, Sequence[str]], source: str,
+                    scaled: Sequence[str] | None, levels: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """({variable: mean}, {variable: std}) of `side` for the `scaled` variables of `names` (role ->
+    bare names; None: every variable the file scales), shaped as a field takes them (a level
+    profile (levels, 1, 1) for upper-air variables, a number otherwise); a variable the file
+    does not scale is absent (CREDIT's preblock passes it through as stored)."""
+    scalers = read_standard_scalers(path, side)
+    wanted = None if scaled is None else set(scaled)
+    known = {v for role_names in names.values() for v in role_names}
+    if wanted is not None and wanted - known:
+        raise DataError(f"the bridgescaler's variables {sorted(wanted - known)} are not among the data's "
+                        f"variables {sorted(known)}")
+    means, stds = {}, {}
+    for role in SIDE_ROLES[side]:
+        for var in names[role]:
+            key = var_key(source, role, var)
+            if wanted is not None and var not in wanted:
+                continue
+            if key not in scalers:
+                if wanted is not None:
+                    raise DataError(f"{path} has no {side} scaler for {key} (its {side} scalers: {sorted(scalers)})")
+                continue
+            mean, std = scalers[key]
+            channels = levels if role == "upper_air" else 1
+            if mean.size != channels:
+                raise DataError(f"{path}: the {side} scaler of {key} holds {mean.size} channels; the data give {var} "
+                                f"{channels}, matched by position as CREDIT's scaler matches them")
+            shape = (-1, 1, 1) if role == "upper_air" else ()
+            means[var], stds[var] = mean.reshape(shape), std.reshape(shape)
+    return means, stds
 
 
 def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from credit.interop import config_gen1 as cv
 from credit.interop import config_gen2 as cvg
+from credit.interop import config_gen2_blocks as cvb
 from credit.interop.config_gen1 import Convert
 
 
@@ -163,8 +164,8 @@ TABLE: tuple[Rule, ...] = (
     *(Rule(f"data.{key}", note="CREDIT's gen2 trainer does not read it", schema="gen2")
       for key in ("one_shot", "skip_periods", "level_ids", "valid_history_len", "valid_forecast_len")),
     Rule("validation_data", cvg.validation_data, schema="gen2"),
-    Rule("preblocks", cvg.preblocks, schema="gen2"),
-    Rule("postblocks", cvg.postblocks, schema="gen2"),
+    Rule("preblocks", cvb.preblocks, schema="gen2"),
+    Rule("postblocks", cvb.postblocks, schema="gen2"),
     Rule("inference", cvg.inference, schema="gen2"),
     Rule("trainer.parallelism", cvg.parallelism, schema="gen2"),
     Rule("trainer.mode", note="trainer.parallelism replaces it in gen2", schema="gen2"),
@@ -173,7 +174,7 @@ TABLE: tuple[Rule, ...] = (
     *(Rule(f"trainer.{key}", note="CREDIT's gen2 trainer does not read it", schema="gen2")
       for key in ("use_mixed_precision", "mixed_precision", "checkpoint_all_layers")),
     Rule("trainer.cpu_offload", _refuse_if(bool, "trainer.cpu_offload: true is not implemented"), schema="gen2"),
-    Rule("loss.type", cvg.loss),
+    Rule("loss.type", cvb.loss),
     Rule("loss.args", note="read with loss.type"),
 )
 RULES = {(rule.schema, rule.key): rule for rule in TABLE}

@@ -167,7 +167,7 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
             self._mean, self._std, self._target_mean, self._target_std = self._load_bridgescaler(
                 files["bridgescaler"], source_name, scaled, ("input", "target"))
             self._output_mean, self._output_std = self._target_mean, self._target_std
-            if files.get("bridgescaler_inverse"):
+            if files.get("bridgescaler_inverse") and files["bridgescaler_inverse"] != files["bridgescaler"]:
                 self._output_mean, self._output_std = self._load_bridgescaler(
                     files["bridgescaler_inverse"], source_name, scaled, ("target",))
         else:
@@ -318,45 +318,16 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
 
     def _load_bridgescaler(self, file: str, source_name: str, scaled: Sequence[str] | None,
                            sides: Sequence[str]) -> tuple[dict[str, np.ndarray], ...]:
-        """(mean, std) tables of each of `sides` ("input", "target"): the file's scalers of the
-        `scaled` variables, shaped as the data's fields take them."""
-        from credit.interop.bridgescaler_file import read_standard_scalers, var_key
+        """(mean, std) tables of each of `sides` ("input", "target") from the bridgescaler file."""
+        from credit.interop.bridgescaler_file import data_statistics
 
         found = template_files(self.root, file)
         if len(found) > 1:
             raise DataError(f"the bridgescaler file {file!r} must name one file; it matches {len(found)}")
-        path = found[0][0] if found else self.root / file  # read_standard_scalers says it does not exist
-        scalers = {side: read_standard_scalers(path, side) for side in sides}
-        roles = {"input": ("upper_air", "surface", "dynamic_forcing", "static"),
-                 "target": ("upper_air", "surface", "diagnostic")}
-        wanted = None if scaled is None else set(scaled)
-        known = {v for names in self.names.values() for v in names}
-        if wanted is not None and wanted - known:
-            raise DataError(f"the bridgescaler's variables {sorted(wanted - known)} are not among the data's "
-                            f"variables {sorted(known)}")
-        tables: list[dict[str, np.ndarray]] = []
-        for side in sides:
-            means, stds = {}, {}
-            for role in roles[side]:
-                for var in self.names[role]:
-                    key = var_key(source_name, role, var)
-                    if key not in scalers[side]:
-                        if wanted is not None and var in wanted:
-                            raise DataError(f"{path} has no {side} scaler for {key} (its {side} scalers: "
-                                            f"{sorted(scalers[side])})")
-                        continue  # CREDIT's preblock passes a variable it does not select through as stored
-                    if wanted is not None and var not in wanted:
-                        continue
-                    mean, std = scalers[side][key]
-                    channels = len(self.level_values) if role == "upper_air" else 1
-                    if mean.size != channels:
-                        raise DataError(f"{path}: the {side} scaler of {key} holds {mean.size} channels; the data "
-                                        f"give {var} {channels} (levels {self.levels if channels > 1 else '-'}), "
-                                        "matched by position as CREDIT's scaler matches them")
-                    shape = (-1, 1, 1) if role == "upper_air" else ()  # per level / one number
-                    means[var], stds[var] = mean.reshape(shape), std.reshape(shape)
-            tables += [means, stds]
-        return tuple(tables)
+        path = found[0][0] if found else self.root / file  # data_statistics says it does not exist
+        levels = len(self.level_values) if self.level_values is not None else 0
+        return tuple(table for side in sides
+                     for table in data_statistics(path, side, self.names, source_name, scaled, levels))
 
     def _check_stat_levels(self, path: Path, stat, rows: list[int]) -> None:
         """CREDIT matches statistics to levels by position; say so when their own level

@@ -1,0 +1,222 @@
+"""The converters of CREDIT's gen2 blocks and loss (`preblocks`, `postblocks`, `loss.type`)
+that the mapping table (`credit.interop.config_file.TABLE`) names: the normaliser preblock
+(era5_normalizer or bridgescaler_transform), the inverse-scaler postblocks and BaseLoss. Each
+takes (the key's value, the whole CREDIT config) and returns this project's (key, value) pairs,
+or a refusal line naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables
+from credit.interop.paths import expand
+
+
+def source_var_keys(conf: Mapping[str, Any]) -> dict[str, str]:
+    """CREDIT's gen2 var keys (`SOURCE/FIELD_TYPE/3d|2d/NAME`) of the one source's variables, to
+    their bare names, in CREDIT's batch order; empty when the source is not readable here."""
+    found = only_source(conf.get("data") or {}, "data")
+    if isinstance(found, str):
+        return {}
+    name, src = found
+    keys = {}
+    for field_type in FIELD_TYPES:
+        group = dict(src.get("variables") or {}).get(field_type)
+        group = group if isinstance(group, Mapping) else {}
+        for dims, names in (("3d", group.get("vars_3D") or []), ("2d", group.get("vars_2D") or [])):
+            keys.update({f"{name}/{field_type}/{dims}/{v}": v for v in names})
+    return keys
+
+
+def selected(selection: Any, keys: Mapping[str, str]) -> list[str]:
+    """CREDIT's variable selection of a pre/postblock: full var keys, or partial paths that take
+    every key beneath them; an empty selection takes every key. The bare names, in batch order."""
+    wanted = [selection] if isinstance(selection, str) else list(selection or [])
+    if not wanted:
+        return list(keys.values())
+    return [name for key, name in keys.items() if any(key == w or key.startswith(f"{w}/") for w in wanted)]
+
+
+def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
+    """`bridgescaler_transform` (transform, input and target): the data's statistics are the
+    file's scalers of the selected variables (credit/interop/bridgescaler_file.py)."""
+    key = f"preblocks.per_step.{name}.args"
+    extra = sorted(set(args) - {"scaler_path", "variables", "method", "scaler_type", "scaler_params",
+                                "data_types", "spatial_variables"})
+    if extra:
+        return f"{key}.{extra[0]}: not an argument of CREDIT's bridgescaler_transform"
+    if args.get("method", "transform") != "transform":
+        return f"{key}.method: {args['method']!r}; a preblock scaler transforms (its inverse is a postblock's)"
+    if sorted(args.get("data_types") or ["input", "target"]) != ["input", "target"]:
+        return (f"{key}.data_types: {list(args['data_types'])}; this project scales input and target alike "
+                "(data_types: [input, target], CREDIT's default)")
+    if args.get("spatial_variables"):
+        return (f"{key}.spatial_variables: {list(args['spatial_variables'])}; per-grid-point scalers are not read "
+                "here (one mean and variance per level are)")
+    if not args.get("scaler_path"):
+        return f"{key}.scaler_path: missing (the bridgescaler file `credit preprocess` writes)"
+    keys = source_var_keys(conf)
+    names = selected(args.get("variables"), keys)
+    if not names:
+        return f"{key}.variables: {args.get('variables')!r} selects none of the source's variables {list(keys)}"
+    source = next(iter(dict(dict(conf.get("data") or {}).get("source") or {"ERA5": None})))
+    # scaler_type and scaler_params only shape a scaler being fitted (`credit preprocess`)
+    return [("data.credit.files.bridgescaler", expand(args["scaler_path"])), ("data.credit.source_name", source),
+            ("data.credit.scaled_variables", names)]
+
+
+def preblocks(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's `preblocks.per_step`: a normaliser (era5_normalizer: mean/std files, positional
+    levels; or bridgescaler_transform: a bridgescaler file), then concat; `to_device` moves the
+    tensors, which this project's loader does."""
+    value = dict(value or {})
+    extra = sorted(set(value) - {"ic_only", "per_step"})
+    if extra:
+        return (f"preblocks.{extra[0]}: CREDIT's preblocks sections are ic_only and per_step (CREDIT's build_preblocks "
+                "refuses any other)")
+    if value.get("ic_only"):
+        return f"preblocks.ic_only: {sorted(dict(value['ic_only']))}; initial-condition-only preblocks are not read"
+    pairs: list[tuple[str, Any]] = []
+    kinds = []
+    for name, block in dict(value.get("per_step") or {}).items():
+        kind = dict(block or {}).get("type")
+        args = dict(dict(block or {}).get("args") or {})
+        if kind == "to_device":
+            continue
+        kinds.append(kind)
+        if kind == "era5_normalizer":
+            pairs += [("data.credit.files.mean", expand(args["mean_path"])),
+                      ("data.credit.files.std", expand(args["std_path"])),
+                      ("data.credit.stats_levels", [int(v) for v in args["levels"]] if args.get("levels") else None)]
+        elif kind == "bridgescaler_transform":
+            found = _bridgescaler(name, args, conf)
+            if isinstance(found, str):
+                return found
+            pairs += found
+        elif kind != "concat":
+            return (f"preblocks.per_step.{name}.type: {kind!r}; era5_normalizer (mean/std files), "
+                    "bridgescaler_transform, to_device and concat are read here")
+    if kinds not in (["era5_normalizer", "concat"], ["bridgescaler_transform", "concat"]):
+        return (f"preblocks.per_step: {kinds}; this project reads one normaliser (era5_normalizer or "
+                "bridgescaler_transform) followed by concat (CREDIT's ERA5 examples)")
+    return pairs
+
+
+def preblock_scaler(conf: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The args of the config's `bridgescaler_transform` preblock, if it has one."""
+    blocks = dict(dict(conf.get("preblocks") or {}).get("per_step") or {})
+    return next((dict(b.get("args") or {}) for b in blocks.values()
+                 if isinstance(b, Mapping) and b.get("type") == "bridgescaler_transform"), None)
+
+
+def _inverse_scaler(where: str, args: Mapping[str, Any], conf: Mapping[str, Any]) -> str | None:
+    """A refusal, or None for a `bridgescaler_transform` postblock that undoes the preblock's
+    scaling on every output variable it scaled (what the data's target statistics undo here)."""
+    extra = sorted(set(args) - {"scaler_path", "variables", "method", "key", "spatial_variables"})
+    if extra:
+        return f"{where}.args.{extra[0]}: not an argument of CREDIT's bridgescaler_transform postblock"
+    if args.get("method", "inverse_transform") != "inverse_transform":
+        return f"{where}.args.method: {args['method']!r}; a postblock scaler's inverse_transform is read here"
+    if args.get("key", "y_processed") not in ("y_processed", "y_target_processed"):
+        return f"{where}.args.key: {args['key']!r}; the prediction (y_processed) and its target twin are read here"
+    if args.get("spatial_variables"):
+        return f"{where}.args.spatial_variables: per-grid-point scalers are not read here"
+    pre = preblock_scaler(conf)
+    if pre is None:
+        return f"{where}: an inverse scaler is read with a preblock bridgescaler_transform"
+    if not args.get("scaler_path"):
+        return f"{where}.args.scaler_path: missing"
+    keys = source_var_keys(conf)
+    outputs = {k: v for k, v in keys.items() if k.split("/")[1] in ("prognostic", "diagnostic")}
+    if selected(args.get("variables"), outputs) != selected(pre.get("variables"), outputs):
+        return (f"{where}.args.variables: {args.get('variables')!r}; the inverse must undo exactly the output "
+                f"variables the preblock scaled ({selected(pre.get('variables'), outputs)})")
+    return None
+
+
+def postblocks(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's `postblocks`: `reconstruct` hands the prediction (or with in_key y, the target) on
+    as this project does; a `bridgescaler_transform` inverse puts it in physical units, which the
+    data's target statistics do here (rollout; the loss with `loss.type: base`)."""
+    value = dict(value or {})
+    inverse_files = set()
+    for section, blocks in value.items():
+        for name, block in dict(blocks or {}).items():
+            kind = dict(block or {}).get("type")
+            args = dict(dict(block or {}).get("args") or {})
+            where = f"postblocks.{section}.{name}"
+            if kind == "bridgescaler_transform" and section == "per_step":
+                refusal = _inverse_scaler(where, args, conf)
+                if refusal:
+                    return refusal
+                inverse_files.add(expand(str(args["scaler_path"])))
+            elif kind == "reconstruct":
+                pair = (args.get("in_key", "y_pred"), args.get("out_key", "y_processed"))
+                if pair not in (("y_pred", "y_processed"), ("y", "y_target_processed")):
+                    return (f"{where}.args: in_key {pair[0]!r}, out_key {pair[1]!r}; the prediction "
+                            "(y_pred -> y_processed) and its target twin (y -> y_target_processed) are read here")
+            else:
+                return (f"{where}.type: {kind!r}; reconstruct and the per_step bridgescaler_transform inverse are "
+                        "read here (conservation fixers: model.post_conf)")
+    if len(inverse_files) > 1:
+        return (f"postblocks.per_step: inverse scalers of {len(inverse_files)} files; the prediction and its target "
+                "twin are de-normalised with one here")
+    return [("data.credit.files.bridgescaler_inverse", f) for f in inverse_files]
+
+
+def loss(value: Any, conf: Mapping[str, Any]):
+    """`loss.type: base` (CREDIT's gen2 BaseLoss): the univariate loss of each output variable in
+    physical units (behind the inverse-scaler postblocks), latitude-weighted and averaged over
+    the variable's elements, then the variables' weighted mean."""
+    from credit.config.validate import LOSS_FUNCTIONS
+
+    if value != "base":
+        return (f"loss.type: {value!r}; CREDIT's gen2 BaseLoss (type: base) and its flat loss keys "
+                "(training_loss, use_latitude_weights, ...) are read here")
+    args = dict(dict(conf.get("loss") or {}).get("args") or {})
+    extra = sorted(set(args) - {"training_loss", "base_loss_parameters", "validation_loss",
+                                "validation_loss_parameters", "base_loss_overrides", "var_weighting", "scaler_path",
+                                "variable_weights", "normalize_weights", "include_computed_diagnostics",
+                                "use_latitude_weights", "latitude_weights"})
+    if extra:
+        return f"loss.args.{extra[0]}: not an argument of CREDIT's BaseLoss"
+    function = args.get("training_loss", "mse")
+    if function not in LOSS_FUNCTIONS:
+        return (f"loss.args.training_loss: {function!r}; CREDIT's elementwise losses are read here "
+                f"({', '.join(LOSS_FUNCTIONS)}); ensembles and CRPS losses are not")
+    params = dict(args.get("base_loss_parameters") or {})
+    if sorted(set(params) - {"delta"}):
+        return f"loss.args.base_loss_parameters: {sorted(params)}; only huber's delta is read here"
+    if args.get("base_loss_overrides"):
+        return (f"loss.args.base_loss_overrides: {sorted(dict(args['base_loss_overrides']))}; one univariate loss "
+                "for every variable is read here")
+    weighting = args.get("var_weighting", "inverse_variance")
+    if weighting not in ("inverse_variance", "manual", "none"):
+        return (f"loss.args.var_weighting: {weighting!r}; inverse_variance, manual and none are read here "
+                "(learnable weights are not)")
+    post = dict(dict(conf.get("postblocks") or {}).get("per_step") or {})
+    keys = {dict(dict(b or {}).get("args") or {}).get("key", "y_processed") for b in post.values()
+            if dict(b or {}).get("type") == "bridgescaler_transform"}
+    if keys != {"y_processed", "y_target_processed"}:
+        return ("loss.type: base scores the postblocks' physical units: postblocks.per_step needs the "
+                "bridgescaler_transform inverse of y_processed and of its target twin y_target_processed "
+                "(CREDIT's BaseLoss)")
+    inverse = {expand(str(dict(b.get("args") or {}).get("scaler_path"))) for b in post.values()
+               if isinstance(b, Mapping) and b.get("type") == "bridgescaler_transform"}
+    if weighting == "inverse_variance" and {expand(str(args.get("scaler_path")))} != inverse:
+        return (f"loss.args.scaler_path: {args.get('scaler_path')!r}; inverse_variance weights are read from the "
+                "postblocks' bridgescaler file (the statistics that de-normalise the outputs)")
+    outputs = output_variables(conf)
+    names = source_var_keys(conf)
+    weights = {names.get(k, k): float(w) for k, w in dict(args.get("variable_weights") or {}).items()}
+    pairs: list[tuple[str, Any]] = [
+        ("trainer.loss.function", function), ("trainer.loss.space", "physical"),
+        ("trainer.loss.combine", "variables"), ("trainer.loss.inverse_variance", weighting == "inverse_variance"),
+        ("trainer.loss.normalize_variable_weights", bool(args.get("normalize_weights", True))),
+        ("trainer.loss.latitude_weighting", bool(args.get("use_latitude_weights", False))),
+        *((f"+trainer.loss.variable_weights.{name}", w) for name, w in weights.items() if name in outputs)]
+    if "delta" in params:
+        pairs.append(("trainer.loss.huber_delta", float(params["delta"])))
+    return pairs
