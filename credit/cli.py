@@ -39,6 +39,8 @@ commands:
                                  the same for a single-file checkpoint of the model the overrides
                                  describe
   data generate --out DIR [...]  write the synthetic ERA5-layout dataset (see --help)
+  data generate --like CREDIT.yml --out DIR [--grid HxW]
+                                 data in a CREDIT gen2 file's layout and a copy of the file
   data stats [--overwrite] [KEY=VALUE ...]
                                  write data.files.mean / data.files.std under data.root from
                                  data.train_period (same overrides as train; --help)

@@ -41,6 +41,7 @@ def tiny_overrides(tiny_data):
 HEAVY = {
     "checkpoint/test_credit_start.py",
     "config/test_credit_gen2_config.py",
+    "config/test_credit_like.py",
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
     "manual/test_gpu_kit.py",
@@ -92,6 +93,7 @@ LONGEST_FIRST = (  # by their summed --durations in clean-clone runs (Zen 3, 202
     "parallel/test_sequence_parallel_training.py",
     "plan/test_plan_command.py",
     "plan/test_plan_estimates.py",
+    "config/test_credit_like.py",
 )
 
 

@@ -342,6 +342,7 @@ def run_cli():
     import credit.config.load as load
     import credit.interop.generate_gen2 as gen2
     import credit.interop.generate_gen1 as gen1
+    import credit.interop.generate_like as like
     import credit.data.generate_command as generate  # the command, with the generator it calls
     import credit.data.stats as stats
     import credit.diagnostics.probe as probe
@@ -383,6 +384,7 @@ def run_cli():
         for module, name in ((generate, "generate_dataset"), (gen1, "generate_credit_gen1"),
                              (gen2, "generate_credit_gen2")):
             mp.setattr(module, name, lambda out, **kwargs: Path(out))
+        mp.setattr(like, "generate_like", lambda config_file, out, **kwargs: Path(out) / Path(config_file).name)
         mp.setattr(stats, "write_statistics", lambda data, **kwargs: dict(
             mean="mean.nc", std="std.nc", variables=0, period="", files=[], skipped={}))
 

@@ -1,5 +1,5 @@
 """``credit data generate --out DIR [--grid 32x64] [--years 2000 2001] [--format netcdf|zarr]
-[--layout native|credit-gen1|credit-gen2] ...``: the command over :mod:`credit.data.generate`
+[--layout native|credit-gen1|credit-gen2] ...`` or ``--like CREDIT.yml --out DIR [--grid HxW]``: the command over :mod:`credit.data.generate`
 (this project's layout) and the CREDIT-layout writers built on it, kept apart from them so
 that the writers import the generator and nothing imports back."""
 
@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _ArgumentParser(prog="credit data generate",
                              description="Generate a synthetic ERA5-layout dataset from a deterministic toy atmosphere.")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--grid", type=_parse_grid, default=(32, 64), help="NLATxNLON (default 32x64)")
+    parser.add_argument("--grid", type=_parse_grid, default=None,
+                        help="NLATxNLON (default 32x64; with --like, the file's model grid)")
+    parser.add_argument("--like", type=Path, default=None,
+                        help="a CREDIT gen2 config file: data in its layout, and a copy of it pointing at the data")
+    parser.add_argument("--days", type=int, default=2,
+                        help="with --like: the days of the training and validation periods written (default 2)")
     parser.add_argument("--years", type=int, nargs="+", default=[2000, 2001], help="years, one file each")
     parser.add_argument("--levels", type=float, nargs="+", default=[300, 500, 700, 850], help="pressure levels, hPa")
     parser.add_argument("--train-years", type=int, nargs="+", default=None,
@@ -50,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
                              "files and a CREDIT config of that schema, credit.yml)")
     try:
         args = parser.parse_args(argv)
+        if args.like is not None:
+            from credit.interop.generate_like import generate_like
+
+            if args.layout != "native" or args.time_range or args.days_per_year or args.train_years:
+                raise GenerateError("--like takes its layout, years and levels from the file: give only --out, "
+                                    "--grid, --days, --seed and --overwrite")
+            path = generate_like(args.like, args.out, grid=args.grid, days=args.days, seed=args.seed,
+                                 overwrite=args.overwrite)
+            print(f"wrote data in the layout of {args.like} and its copy {path}; train on it with: credit train "
+                  f"--credit-config {path}")
+            return 0
+        args.grid = args.grid or (32, 64)
         if args.layout == "credit-gen2":
             from credit.interop.generate_gen2 import generate_credit_gen2
 

@@ -1,0 +1,288 @@
+"""`credit data generate --like CREDIT.yml --out DIR [--grid HxW]`: synthetic data in exactly the
+layout a CREDIT gen2 config file names, and a copy of the file that points at it, so a CREDIT
+user smoke-tests any config in a minute.
+
+Written into DIR, each under the name and in a folder of the name the file gives it (CREDIT's
+stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs must not meet):
+- one store per data path template and year (the template's strftime codes filled in, its `*`
+  left out; a zarr store unless the template names `.nc`), holding the variables of every field
+  type that names the template, on the file's levels (its `level_coord`) and grid (the model's
+  `image_height` x `image_width`, or `--grid`);
+- the static store, with the static variables;
+- the normaliser's statistics: the `era5_normalizer`'s mean and std files (a level axis long
+  enough for its `levels` positions), or the bridgescaler files of the `bridgescaler_transform`
+  pre- and postblocks and of `loss.args.scaler_path` (input and target z-score scalers), each the
+  mean and std of the generated training times;
+- DIR/<the file's name>: the file with the paths above, `save_loc` and `inference.save_forecast`
+  under DIR, the training and validation periods cut to their first `days` days, or to one
+  global batch of the file's `train_batch_size` if that is longer (CREDIT's master clock reads
+  every time of a period), the forecasts starting at the validation period's start,
+  and with `--grid` the model's grid and its boundary padding (so every stage's windows tile).
+
+Values: per variable a travelling wave of its own amplitude and offset (from the variable's name,
+so the same name gives the same field in every file) over seeded noise; no physics.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+import yaml
+
+from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
+from credit.interop.bridgescaler_file import var_key, write_standard_scalers
+from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
+from credit.interop.paths import expand
+
+_ROLE = {("prognostic", "vars_3D"): "upper_air", ("prognostic", "vars_2D"): "surface",
+         ("dynamic_forcing", "vars_2D"): "dynamic_forcing", ("static", "vars_2D"): "static",
+         ("diagnostic", "vars_2D"): "diagnostic"}
+
+
+def _field(name: str, shape: tuple[int, ...], times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(time, [level,] lat, lon) float32: offset + amplitude x (a wave moving east) + 5% noise."""
+    code = zlib.crc32(name.encode())
+    amplitude, offset = 1.0 + code % 9, 3.0 * (1.0 + code % 9) + (code >> 8) % 50
+    lat = np.linspace(0, np.pi, shape[-2])[:, None]
+    lon = np.linspace(0, 2 * np.pi, shape[-1], endpoint=False)[None, :]
+    hours = (times - times[0]).astype("timedelta64[h]").astype(np.float64)
+    wave = np.stack([np.sin(lat) * np.cos(lon - 2 * np.pi * h / 96.0) for h in hours])
+    if len(shape) == 4:
+        wave = wave[:, None] * (1.0 + 0.1 * np.arange(shape[1]))[None, :, None, None]
+    noise = 0.05 * rng.standard_normal(shape)
+    return (offset + amplitude * (wave + noise)).astype(np.float32)
+
+
+def _placed(out: Path, path: Any) -> Path:
+    """Where a file of the CREDIT file goes under `out`: in a folder named as its own (CREDIT's
+    stores sit in folders such as all_in_one/, static/, mean_std/ whose globs must not meet)."""
+    path = Path(expand(str(path)))
+    (out / path.parent.name).mkdir(parents=True, exist_ok=True)
+    return out / path.parent.name / path.name
+
+
+def _store_name(template: str, when: pd.Timestamp) -> str:
+    base = Path(expand(template)).name
+    name = when.strftime(base).replace("*", "")
+    return name if name.endswith((".nc", ".zarr")) else name + ("" if ".nc" in base else ".zarr")
+
+
+def _store_path(out: Path, template: str, when: pd.Timestamp) -> Path:
+    return _placed(out, template).parent / _store_name(template, when)
+
+
+def _padding(model: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, Any]:
+    """The model keys a grid sets: its size and, with boundary padding on, pads that make the
+    padded grid a multiple of what every stage's windows need."""
+    from credit.models.credit.layers import stage_multiple
+
+    out: dict[str, Any] = {"image_height": grid[0], "image_width": grid[1]}
+    padding = dict(model.get("padding_conf") or {})
+    if not padding.get("activate"):
+        return out
+    stages = len(model.get("dim") or [0, 0, 0, 0])
+    local = model.get("local_window_size", 10)
+    local = list(local) if isinstance(local, (list, tuple)) else [local] * stages
+    strides = list(model.get("cross_embed_strides") or [2] * stages)
+    multiple = stage_multiple(tuple(strides), tuple(local), tuple(model.get("global_window_size") or [1] * stages))
+    multiple *= int(model.get("patch_height", 1))
+    pads = []
+    for size in grid:
+        total = math.ceil(size / multiple) * multiple - size
+        if total - total // 2 > size:
+            raise GenerateError(f"--grid {grid[0]}x{grid[1]}: the model's windows need the padded grid to be a "
+                                f"multiple of {multiple}, and the boundary padding cannot be wider than the grid; "
+                                f"give at least {math.ceil(multiple / 3)} in each direction")
+        pads.append([total // 2, total - total // 2])
+    out["padding_conf"] = {**padding, "pad_lat": pads[0], "pad_lon": pads[1]}
+    return out
+
+
+def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, int] | None = None,
+                  days: int = 2, seed: int = 0, overwrite: bool = False) -> Path:
+    """Write data in `config_file`'s layout and the file's copy into `out`; return the copy's path."""
+    source_file = Path(config_file)
+    try:
+        conf = yaml.safe_load(source_file.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise GenerateError(f"--like {source_file}: not a readable YAML file: {str(err).splitlines()[0]}") from None
+    if not isinstance(conf, Mapping) or not is_gen2(conf):
+        raise GenerateError(f"--like {source_file}: not a CREDIT gen2 file (its data section has no `source`); "
+                            "`credit data generate --layout credit-gen1` writes gen1 data with its own config")
+    found = only_source(conf["data"], "data")
+    if isinstance(found, str):
+        raise GenerateError(f"--like {source_file}: {found}")
+    name, src = found
+    model = dict(conf.get("model") or {})
+    if grid is None:
+        if not model.get("image_height") or not model.get("image_width"):
+            raise GenerateError(f"--like {source_file}: model.image_height/image_width unset; give --grid")
+        grid = (int(model["image_height"]), int(model["image_width"]))
+    resized = _padding(model, grid) if grid != (model.get("image_height"), model.get("image_width")) else None
+    levels = [float(v) for v in src.get("levels") or range(1, int(model.get("levels", 4)) + 1)]
+    level_coord = str(src.get("level_coord") or "level")
+    step = span(conf["data"].get("timestep", "6h"))
+    out = Path(out).expanduser().resolve()
+    prepare_output_dir(out, overwrite, written=("*",))
+    rng = np.random.default_rng(seed)
+    lat = np.linspace(90, -90, grid[0])
+    lon = np.linspace(0, 360, grid[1], endpoint=False)
+
+    trainer = dict(conf.get("trainer") or {})
+    window = int(conf["data"].get("history_len", 1)) + int(conf["data"].get("forecast_len", 1))
+    # at least one global batch of the file's batch size on one rank
+    count = max(int(pd.Timedelta(days=days) / step), int(trainer.get("train_batch_size", 1)) + window)
+
+    def period(section: Mapping[str, Any]) -> pd.DatetimeIndex:
+        start = pd.Timestamp(str(section.get("start_datetime", conf["data"]["start_datetime"])))
+        return pd.date_range(start, periods=count, freq=step)
+
+    valid_section = dict(conf.get("validation_data") or conf["data"])
+    periods = {"data": period(conf["data"]), "validation_data": period(valid_section)}
+    templates: dict[str, list[tuple[str, str]]] = {}  # template -> [(field type, vars key)]
+    names: dict[str, list[str]] = {role: [] for role in _ROLE.values()}
+    variables = dict(src.get("variables") or {})
+    for field_type in FIELD_TYPES:
+        group = variables.get(field_type) if isinstance(variables.get(field_type), Mapping) else {}
+        for dims in ("vars_3D", "vars_2D"):
+            if group.get(dims):
+                if (field_type, dims) not in _ROLE:
+                    raise GenerateError(f"--like {source_file}: 3-D {field_type} variables are not read here")
+                names[_ROLE[field_type, dims]] += list(group[dims])
+                templates.setdefault(str(group["path"]), []).append((field_type, dims))
+
+    every_time = periods["data"].union(periods["validation_data"])  # one year's file holds both, if they share it
+    in_training = every_time.isin(periods["data"])
+    stores: dict[str, tuple[str, list[tuple[str, str]]]] = {}  # templates naming one file write it together
+    for template, groups in templates.items():
+        first, merged = stores.setdefault(str(_store_path(out, template, every_time[0])), (template, []))
+        merged += groups
+    training: dict[str, np.ndarray] = {}  # variable -> its generated training values
+    for template, groups in stores.values():
+        static = any(field_type == "static" for field_type, _ in groups)
+        data_vars = {}
+        for field_type, dims in groups:
+            for var in variables[field_type][dims]:
+                upper = dims == "vars_3D"
+                values = _field(var, (len(every_time), *((len(levels),) if upper else ()), *grid), every_time.values,
+                                rng)
+                training[var] = values[in_training]
+                if static:
+                    data_vars[var] = (("latitude", "longitude"), values[0])
+                else:
+                    data_vars[var] = (("time", level_coord, "latitude", "longitude") if upper
+                                      else ("time", "latitude", "longitude"), values)
+        coords: dict[str, Any] = {"latitude": lat, "longitude": lon}
+        if not static:
+            coords["time"] = every_time.values
+            if any(dims == "vars_3D" for _, dims in groups):
+                coords[level_coord] = levels
+        ds = xr.Dataset(data_vars, coords=coords)
+        if static:
+            write_atomically(ds, _store_path(out, template, every_time[0]))
+            continue
+        for year in sorted(set(every_time.year)):
+            rows = np.flatnonzero(every_time.year == year)
+            write_atomically(ds.isel(time=rows), _store_path(out, template, every_time[rows[0]]))
+
+    copy_conf = _copy_config(conf, out, templates, periods, step, training, names, name, levels, resized)
+    path = out / source_file.name
+    path.write_text(yaml.safe_dump(copy_conf, sort_keys=False))
+    return path
+
+
+def _stats(training: Mapping[str, np.ndarray], var: str) -> tuple[np.ndarray, np.ndarray]:
+    values = training[var]
+    axes = (0, 2, 3) if values.ndim == 4 else tuple(range(values.ndim))
+    return values.mean(axis=axes, dtype=np.float64), values.std(axis=axes, dtype=np.float64)
+
+
+def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any], periods: Mapping[str, Any],
+                 step: pd.Timedelta, training: Mapping[str, np.ndarray], names: Mapping[str, Sequence[str]],
+                 source: str, levels: Sequence[float], resized: Mapping[str, Any] | None) -> dict:
+    conf = copy.deepcopy(dict(conf))
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    for section in ("data", "validation_data"):
+        if not isinstance(conf.get(section), dict):
+            continue
+        times = periods[section]
+        conf[section]["start_datetime"], conf[section]["end_datetime"] = times[0].strftime(fmt), times[-1].strftime(fmt)
+        for src in dict(conf[section].get("source") or {}).values():
+            for group in dict(src.get("variables") or {}).values():
+                if isinstance(group, dict) and group.get("path"):
+                    group["path"] = str(_placed(out, group["path"]))
+    static_store = next((_store_path(out, t, periods["data"][0]) for t, groups in templates.items()
+                         if any(g[0] == "static" for g in groups)), None)
+    scaler_files: set[str] = set()
+    for phase in dict(conf.get("preblocks") or {}).values():
+        for block in dict(phase or {}).values():
+            args = dict(block or {}).get("args") or {}
+            if block.get("type") == "era5_normalizer":
+                for key in ("mean_path", "std_path"):
+                    args[key] = str(_placed(out, args[key]))
+                _write_normaliser(args, training, names, levels)
+            if block.get("type") == "bridgescaler_transform" and args.get("scaler_path"):
+                args["scaler_path"] = str(_placed(out, args["scaler_path"]))
+                scaler_files.add(args["scaler_path"])
+    for phase in dict(conf.get("postblocks") or {}).values():
+        for block in dict(phase or {}).values():
+            args = dict(block or {}).get("args") or {}
+            if args.get("scaler_path"):
+                args["scaler_path"] = str(_placed(out, args["scaler_path"]))
+                scaler_files.add(args["scaler_path"])
+    loss = conf.get("loss") if isinstance(conf.get("loss"), dict) else {}
+    loss_args = loss.get("args") if isinstance(loss.get("args"), dict) else {}
+    if loss_args.get("scaler_path"):
+        loss_args["scaler_path"] = str(_placed(out, loss_args["scaler_path"]))
+        scaler_files.add(loss_args["scaler_path"])
+    for holder in (loss, loss_args):
+        if holder.get("latitude_weights") and static_store is not None:
+            holder["latitude_weights"] = str(static_store)
+    for file in scaler_files:
+        sides = {"input": ("upper_air", "surface", "dynamic_forcing"), "target": ("upper_air", "surface", "diagnostic")}
+        write_standard_scalers(file, {side: {var_key(source, role, v): _stats(training, v) for role in roles
+                                             for v in names[role]} for side, roles in sides.items()})
+    conf["save_loc"] = str(out / "run")
+    inference = conf.get("inference")
+    if isinstance(inference, dict):
+        first = periods["validation_data"][0]
+        inference["save_forecast"] = str(out / "forecasts")
+        length = f"{int((len(periods['validation_data']) // 2) * step / pd.Timedelta(hours=1))}h"
+        if isinstance(inference.get("batch_forecast"), dict):
+            inference["batch_forecast"].update(first_init_date=first.strftime(fmt), last_init_date=first.strftime(fmt),
+                                               forecast_length=length)
+        if isinstance(inference.get("single_forecast"), dict):
+            inference["single_forecast"].update(start_datetime=first.strftime(fmt), forecast_length=length)
+    if resized is not None:
+        conf["model"] = {**dict(conf.get("model") or {}), **resized}
+    return conf
+
+
+def _write_normaliser(args: Mapping[str, Any], training: Mapping[str, np.ndarray], names: Mapping[str, Sequence[str]],
+                      levels: Sequence[float]) -> None:
+    """The era5_normalizer's mean and std files: every variable's statistics over the generated
+    training times; upper-air variables on a `level` axis whose 1-indexed `levels` positions (or
+    its whole length) hold the data's levels in order."""
+    positions = [int(p) for p in args.get("levels") or range(1, len(levels) + 1)]
+    axis = max(positions)
+    means, stds = {}, {}
+    for role, role_names in names.items():
+        for var in role_names:
+            mean, std = _stats(training, var)
+            if role == "upper_air":
+                full_mean, full_std = np.zeros(axis), np.ones(axis)
+                full_mean[[p - 1 for p in positions]], full_std[[p - 1 for p in positions]] = mean, std
+                means[var], stds[var] = ("level", full_mean), ("level", full_std)
+            else:
+                means[var], stds[var] = ((), float(mean)), ((), float(std))
+    coords = {"level": np.arange(1, axis + 1)}
+    for key, table in (("mean_path", means), ("std_path", stds)):
+        write_atomically(xr.Dataset(table, coords=coords), Path(args[key]))
