@@ -137,6 +137,10 @@ class Trainer:
             dp_size=rt.dp_size,
             seed=trainer.seed,
         )
+        if self.deterministic and rt.is_main:  # per-rank batches (CREDIT's train_batch_size) make the step
+            log.info("deterministic mode: a step takes a global batch of dp %d x trainer.batch_size %d = %d samples; "
+                     "another layout gives these bits at the same global batch", rt.dp_size, trainer.batch_size,
+                     self.sampler.global_batch_size)
         self._resolve_epochs()
         self.optimizer = build_optimizer(self.model, trainer.optimizer, self.deterministic)
         sched = trainer.scheduler

@@ -42,6 +42,9 @@ def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path, lay
                    f"run_dir={tmp_path / 'dp2tp2'}")
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert "dp 2 x tp 2" in sharded.stdout + sharded.stderr
+    # CREDIT's train_batch_size is per rank: the log says which global batch both runs share
+    assert "global batch of dp 1 x trainer.batch_size 4 = 4 samples" in single.stdout + single.stderr
+    assert "global batch of dp 2 x trainer.batch_size 2 = 4 samples" in sharded.stdout + sharded.stderr
     compared = run_script("compare_runs", tmp_path / "single", tmp_path / "dp2tp2")
     assert compared.returncode == 0, compared.stdout + compared.stderr
 
