@@ -163,7 +163,7 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
     in_training = every_time.isin(periods["data"])
     stores: dict[str, tuple[str, list[tuple[str, str]]]] = {}  # templates naming one file write it together
     for template, groups in templates.items():
-        first, merged = stores.setdefault(str(_store_path(out, template, every_time[0])), (template, []))
+        _, merged = stores.setdefault(str(_store_path(out, template, every_time[0])), (template, []))
         merged += groups
     training: dict[str, np.ndarray] = {}  # variable -> its generated training values
     for template, groups in stores.values():
