@@ -15,8 +15,8 @@ stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs
   mean and std of the generated training times;
 - DIR/<the file's name>: the file with the paths above, `save_loc` and `inference.save_forecast`
   under DIR, the training and validation periods cut to their first `days` days, or to one
-  global batch of the file's `train_batch_size` if that is longer (CREDIT's master clock reads
-  every time of a period), the forecasts starting at the validation period's start,
+  global batch of the file's `train_batch_size` or a forecast of the default `rollout.lead_steps`
+  if that is longer (CREDIT's master clock reads every time of a period), the forecasts starting at the validation period's start,
   and with `--grid` the model's grid and its boundary padding (so every stage's windows tile).
 
 Values: per variable a travelling wave of its own amplitude and offset (from the variable's name,
@@ -138,8 +138,12 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
 
     trainer = dict(conf.get("trainer") or {})
     window = int(conf["data"].get("history_len", 1)) + int(conf["data"].get("forecast_len", 1))
-    # at least one global batch of the file's batch size on one rank
-    count = max(int(pd.Timedelta(days=days) / step), int(trainer.get("train_batch_size", 1)) + window)
+    # at least one global batch of the file's batch size on one rank, and a forecast of this
+    # project's default length (`rollout.lead_steps`) when the file has no `inference` section
+    from credit.config.schema import RolloutConfig
+
+    count = max(int(pd.Timedelta(days=days) / step), int(trainer.get("train_batch_size", 1)) + window,
+                RolloutConfig.lead_steps + int(conf["data"].get("history_len", 1)))
 
     def period(section: Mapping[str, Any]) -> pd.DatetimeIndex:
         start = pd.Timestamp(str(section.get("start_datetime", conf["data"]["start_datetime"])))
