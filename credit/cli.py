@@ -151,6 +151,11 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     mapped = mapping.overrides
     if any(arg.startswith("parallelism=") for arg in rest):  # the layout the user picks wins whole
         mapped = [o for o in mapped if not o.startswith(("trainer.parallelism.data=", "trainer.parallelism.tensor="))]
+    # a run length the user gives wins over the file's epochs (which would set it again at start)
+    for given, from_epochs in (("trainer.max_steps=", "trainer.epochs="),
+                               ("trainer.steps_per_job=", "trainer.epochs_per_job=")):
+        if any(arg.startswith(given) for arg in rest):
+            mapped = [o for o in mapped if not o.startswith(from_epochs)]
     return [*model_overrides, *mapped, *rest], lines
 
 

@@ -76,3 +76,19 @@ def test_a_grid_the_windows_cannot_tile_is_one_error(tmp_path):
     with pytest.raises(GenerateError, match=r"--grid 16x32: .* multiple of 64, .* at least 22"):
         _like(tmp_path, "config/gen_2/examples/example-v2026.2.yml", (16, 32))
     assert not any((tmp_path / "data").glob("*.zarr"))
+
+
+def test_a_run_length_given_on_the_command_line_wins_over_the_files_epochs(tmp_path):
+    """CREDIT's epochs set the run's length at start (epochs x batches per pass); a
+    `trainer.max_steps` (or `steps_per_job`) the user gives is the length instead."""
+    from credit.cli import _credit_config
+
+    source = tmp_path / "example.yml"
+    source.write_text(yaml.safe_dump(WHOLE_FILES["config/gen_2/examples/wxformer_era5_025deg_6hr.yml"], sort_keys=False))
+    overrides, _ = _credit_config(["--credit-config", str(source)])
+    assert "trainer.epochs=70" in overrides
+    overrides, _ = _credit_config(["--credit-config", str(source), "trainer.max_steps=2",
+                                   "trainer.steps_per_job=1"])
+    assert not [o for o in overrides if o.startswith(("trainer.epochs=", "trainer.epochs_per_job="))]
+    cfg = compose_config(overrides)
+    assert (cfg.trainer.max_steps, cfg.trainer.steps_per_job, cfg.trainer.epochs) == (2, 1, 0)
