@@ -32,8 +32,9 @@ def source_var_keys(conf: Mapping[str, Any]) -> dict[str, str]:
 
 def selected(selection: Any, keys: Mapping[str, str]) -> list[str]:
     """CREDIT's variable selection of a pre/postblock: full var keys, or partial paths that take
-    every key beneath them; an empty selection takes every key. The bare names, in batch order."""
-    wanted = [selection] if isinstance(selection, str) else list(selection or [])
+    every key beneath them; an empty selection takes every key. The bare names, in batch order.
+    A string is what CREDIT makes of it, a list of its characters (which select nothing)."""
+    wanted = list(selection or [])
     if not wanted:
         return list(keys.values())
     return [name for key, name in keys.items() if any(key == w or key.startswith(f"{w}/") for w in wanted)]
@@ -60,7 +61,9 @@ def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
     keys = source_var_keys(conf)
     names = selected(args.get("variables"), keys)
     if not names:
-        return f"{key}.variables: {args.get('variables')!r} selects none of the source's variables {list(keys)}"
+        string = (" (a string: CREDIT reads it as a list of its characters and scales nothing; give a list)"
+                  if isinstance(args.get("variables"), str) else "")
+        return f"{key}.variables: {args.get('variables')!r} selects none of the source's variables{string}"
     source = next(iter(dict(dict(conf.get("data") or {}).get("source") or {"ERA5": None})))
     # scaler_type and scaler_params only shape a scaler being fitted (`credit preprocess`)
     return [("data.credit.files.bridgescaler", expand(args["scaler_path"])), ("data.credit.source_name", source),

@@ -176,3 +176,13 @@ def test_the_inverse_postblocks_file_de_normalises_the_outputs(tmp_path, expecte
     assert train.target_mean[sp] == 100.0 != same.target_mean[sp]
     assert np.array_equal(np.delete(train.target_mean, sp), np.delete(same.target_mean, sp))
     assert torch.equal(train[3]["target"], same[3]["target"])  # normalised with the preblock's file
+
+
+def test_a_string_selection_is_what_credit_makes_of_it():
+    """CREDIT iterates `variables` as a list: a string is its characters, selecting nothing (its
+    example-end-to-end.yml names one variable so). Refused with that reason, not read as one key."""
+    conf = credit_config()
+    conf["preblocks"]["per_step"]["scaler"]["args"]["variables"] = "ERA5/prognostic/2d/SP"
+    refusal = map_credit_file(conf).refused[0]
+    assert refusal.startswith("preblocks.per_step.scaler.args.variables: 'ERA5/prognostic/2d/SP' selects none")
+    assert "list of its characters" in refusal
