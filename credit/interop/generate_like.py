@@ -38,13 +38,12 @@ import xarray as xr
 import yaml
 
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
-from credit.interop.bridgescaler_file import var_key, write_standard_scalers
+from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
 from credit.interop.paths import expand
 
-_ROLE = {("prognostic", "vars_3D"): "upper_air", ("prognostic", "vars_2D"): "surface",
-         ("dynamic_forcing", "vars_2D"): "dynamic_forcing", ("static", "vars_2D"): "static",
-         ("diagnostic", "vars_2D"): "diagnostic"}
+_ROLE = {(field_type, f"vars_{dims.upper()}"): role for role, (field_type, dims) in FIELD_KEYS.items()}
+"""A CREDIT source's (field type, vars_3D|vars_2D) group -> this project's variable role."""
 
 
 def _field(name: str, shape: tuple[int, ...], times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -251,9 +250,8 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
         if holder.get("latitude_weights") and static_store is not None:
             holder["latitude_weights"] = str(static_store)
     for file in scaler_files:
-        sides = {"input": ("upper_air", "surface", "dynamic_forcing"), "target": ("upper_air", "surface", "diagnostic")}
         write_standard_scalers(file, {side: {var_key(source, role, v): _stats(training, v) for role in roles
-                                             for v in names[role]} for side, roles in sides.items()})
+                                             for v in names[role]} for side, roles in SIDE_ROLES.items()})
     conf["save_loc"] = str(out / "run")
     inference = conf.get("inference")
     if isinstance(inference, dict):
