@@ -70,7 +70,8 @@ def test_injected_fault_is_caught_and_localized(tiny_overrides, tmp_path, kind, 
                                                 path, check):
     run = tmp_path / kind
     result = _credit("train", "--nproc", "4", *tiny_overrides(run), *LAYOUT, *CHECKED,
-                     "trainer.max_steps=4", "trainer.checkpoint.every_n_steps=1",
+                     # stop: a checkpoint at 1, none of step 2; warn: checkpoints go on at 3 and 4
+                     "trainer.max_steps=4", f"trainer.checkpoint.every_n_steps={1 if action == 'stop' else 3}",
                      "diagnostics.sdc.every_n_steps=2", f"diagnostics.sdc.action={action}",
                      f"diagnostics.sdc.inject.kind={kind}", f"diagnostics.sdc.inject.layer={layer}",
                      f"diagnostics.sdc.inject.rank={rank}", "diagnostics.sdc.inject.step=2")
@@ -111,7 +112,8 @@ def test_rollback_ends_with_the_bits_of_a_clean_run(tiny_overrides, tmp_path):
         return result
 
     clean, rolled = tmp_path / "clean", tmp_path / "rolled"
-    assert "compute (24 Linear layers, one row each, bitwise)" in train(clean).stdout
+    # the clean run saves only its end: the rolled run's checkpoints then change no bit either
+    assert "compute (24 Linear layers, one row each, bitwise)" in train(clean, "trainer.checkpoint.every_n_steps=0").stdout
     assert _clean(_rows(clean)) >= 600  # deterministic mode: zero false alarms, bit for bit
     train(rolled, "diagnostics.sdc.action=rollback", "diagnostics.sdc.inject.kind=gemm_output",
           "diagnostics.sdc.inject.layer=stages.1.layers.0.3.up", "diagnostics.sdc.inject.rank=1",

@@ -8,8 +8,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from launcher import RankFailure, run_ranks
-from launches import credit_command
-from processes import kill_last_rank
 from tiny import tiny_overrides
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -85,15 +83,15 @@ def load_and_continue(overrides, checkpoint_step):
 
 @pytest.fixture(scope="module")
 def run_2x2(tmp_path_factory, tiny_data):
-    """dp2 x tp2 FSDP2 with EMA: 12 steps straight, and 6 + resume 6."""
+    """dp2 x tp2 FSDP2 with EMA: 6 steps straight, and 3 + resume 3 (past the 2-step warmup)."""
     root = tmp_path_factory.mktemp("run_2x2")
     base = _tiny(tiny_data) + [
         "parallelism=fsdp2_tp2", "trainer.ema.enabled=true", "trainer.ema.decay=0.9",
-        "trainer.checkpoint.every_n_steps=6", "trainer.checkpoint.keep_latest_k=3",
+        "trainer.checkpoint.every_n_steps=3", "trainer.checkpoint.keep_latest_k=3",
     ]
     started = time.perf_counter()
     results = run_ranks(train_straight_and_resumed, 4, base, str(root / "straight"),
-                        str(root / "resumed"), 12)
+                        str(root / "resumed"), 6)
     return {"root": root, "results": results, "base": base, "seconds": time.perf_counter() - started}
 
 
@@ -113,7 +111,7 @@ def test_replicated_parameters_stay_bitwise_identical_across_tp(run_2x2):
 def test_fsdp2_tp_resume_continues_the_same_trajectory_bitwise(run_2x2):
     root = run_2x2["root"]
     straight, resumed = _losses(root / "straight"), _losses(root / "resumed")
-    assert len(straight) == 12 and resumed == straight
+    assert len(straight) == 6 and resumed == straight
 
 
 @pytest.mark.parametrize(
@@ -122,16 +120,16 @@ def test_fsdp2_tp_resume_continues_the_same_trajectory_bitwise(run_2x2):
      (2, ["parallelism=single", "trainer.parallelism.tensor=2"])],  # dp1 x tp2, no data parallel
 )
 def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, tmp_path, world, layout):
-    checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000006"
+    checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000003"
     overrides = [*run_2x2["base"], *layout, f"run_dir={tmp_path / 'run'}",
-                 f"trainer.resume={checkpoint}", "trainer.max_steps=8"]
-    results = run_ranks(load_and_continue, world, overrides, 6)
-    assert {r["loaded_step"] for r in results} == {6}
+                 f"trainer.resume={checkpoint}", "trainer.max_steps=5"]
+    results = run_ranks(load_and_continue, world, overrides, 3)
+    assert {r["loaded_step"] for r in results} == {3}
     model, ema = results[0]["weights"]
 
     single = _trainer([*run_2x2["base"], "parallelism=single", f"run_dir={tmp_path / 'single'}",
-                       f"trainer.resume={checkpoint}", "trainer.max_steps=8"])
-    assert single.step == 6
+                       f"trainer.resume={checkpoint}", "trainer.max_steps=5"])
+    assert single.step == 3
     reference = single.model.state_dict()
     assert model.keys() == reference.keys()
     for name, tensor in reference.items():
@@ -143,7 +141,7 @@ def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, t
 
     for run in (tmp_path / "run", tmp_path / "single"):
         rows = read_metrics(run / "metrics.csv")
-        assert [int(r["step"]) for r in rows] == [7, 8]
+        assert [int(r["step"]) for r in rows] == [4, 5]
         assert all(float(r["loss"]) > 0 for r in rows)
 
 
@@ -153,12 +151,12 @@ def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, t
      (2, ["parallelism=single", "trainer.parallelism.tensor=2"])],
 )
 def test_ddp_and_none_with_tp_resume_bitwise(tiny_data, tmp_path, world, layout):
-    base = [*_tiny(tiny_data), *layout, "trainer.checkpoint.every_n_steps=3"]
+    base = [*_tiny(tiny_data), *layout, "trainer.checkpoint.every_n_steps=2"]
     results = run_ranks(train_straight_and_resumed, world, base, str(tmp_path / "straight"),
-                        str(tmp_path / "resumed"), 6)
+                        str(tmp_path / "resumed"), 4)
     assert all(r["identical"] for r in results)
     straight, resumed = _losses(tmp_path / "straight"), _losses(tmp_path / "resumed")
-    assert len(straight) == 6 and resumed == straight
+    assert len(straight) == 4 and resumed == straight
 
 
 class _KillThisRank:
@@ -187,34 +185,3 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     state = {"model": {"w": torch.zeros(8, 8)}}
     load_checkpoint(manager.latest(), state)
     assert torch.equal(state["model"]["w"], torch.ones(8, 8))
-
-
-def test_a_rank_killed_mid_run_at_dp2_tp2_resumes_bitwise_with_dropout(run_2x2, tmp_path):
-    """SIGKILL one rank of a 4-rank torchrun launch between checkpoints; resume=auto
-    relaunches and finishes with the losses of the uninterrupted run (the fixture's 12
-    straight steps, same config), bit for bit."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    killed = tmp_path / "killed"
-    launch = [sys.executable, "-m", "credit.cli", "train", "--nproc", "4", *run_2x2["base"],
-              "trainer.max_steps=12", f"run_dir={killed}"]  # checkpoints every 6 steps
-    # The ranks run at the lowest priority, so that on a loaded machine this watcher still
-    # sees step 7 logged and kills before the run can reach its step-12 checkpoint.
-    agent = subprocess.Popen(launch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=lambda: os.nice(19))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and agent.poll() is None:
-        metrics = killed / "metrics.csv"
-        if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= 7:
-            assert kill_last_rank(agent.pid) == 3  # frozen first: no rank reaches step 12 meanwhile
-            break
-        time.sleep(0.01)
-    assert agent.wait(timeout=300) != 0  # the launch ends once the agent, at nice 19, sees the loss
-    stopped_at = CheckpointManager(killed / "checkpoints", 2).complete_checkpoints()[-1][0]
-    assert 6 <= stopped_at < 12
-    resumed = credit_command(*launch[3:], env=env)  # `credit train --nproc 4 ...` again: resume=auto
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    straight = _losses(run_2x2["root"] / "straight")
-    assert _losses(killed) == straight and len(straight) == 12

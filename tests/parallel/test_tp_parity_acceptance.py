@@ -2,6 +2,7 @@
 global batch, and a tp2 resume, judged by manual_tests/gen2_parallelism/check_parity.py."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,12 @@ def parity_runs(tiny_data, tmp_path_factory):
     # resume=never on every rank: the decision must not race rank 0's first writes
     tp2 = _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.resume=never",
                         f"run_dir={root / 'tp2'}")
-    # a chain of two 3-step jobs: the first through `credit train --nproc 4`, the second, which
-    # resumes, through the hydra script under an external torchrun (as a PBS script runs it)
+    # a second job: tp2's run as its first 3-step job left it (the step-3 checkpoint, the
+    # metrics rows after it dropped on resume), resumed through the hydra script under an
+    # external torchrun, as a PBS script runs it. A first job stopping at steps_per_job is
+    # tests/parallel/test_distributed_training.py's (the same Trainer.fit).
     resumed = root / "tp2_resumed"
-    _credit_train(4, *base, "parallelism=fsdp2_tp2", "trainer.steps_per_job=3", f"run_dir={resumed}")
+    shutil.copytree(root / "tp2", resumed, ignore=shutil.ignore_patterns("step_00000006", ".credit.lock"))
     job = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node=4", str(REPO / "applications" / "train.py"), *base,
                 "parallelism=fsdp2_tp2", "trainer.steps_per_job=3", f"run_dir={resumed}"],
