@@ -162,7 +162,8 @@ def spectral_normalize(module: nn.Module, *, deterministic: bool, iterations: in
     module.__class__ = _normed_class(type(module))
     module.sn_dim, module.sn_iterations, module.sn_eps = dim, iterations, eps
     module.sn_products, module.sn_due = products, False
-    power_iterate(module._matrix(weight), u, v, WHOLE, products, INIT_ITERATIONS, eps)
+    if not weight.is_meta:  # a meta model (shapes only, credit/models/gemm_shapes.py) has no values to iterate
+        power_iterate(module._matrix(weight), u, v, WHOLE, products, INIT_ITERATIONS, eps)
     return module
 
 
