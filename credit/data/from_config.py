@@ -60,7 +60,7 @@ def role_files(data: DictConfig, role: str) -> list[Path]:
     `data.credit.files`), sorted; DataError when there are none."""
     if data.layout == "credit-gen2":
         from credit.data.catalog import DataError
-        from credit.interop.data_gen2 import template_files
+        from credit.interop.path_templates import template_files
 
         key = CREDIT_GEN2_FILE_ROLE.get(role, role)
         found = template_files(data.root, data.credit.files[key] or "") if data.credit.files[key] else []

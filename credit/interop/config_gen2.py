@@ -91,7 +91,7 @@ def file_levels(template: Any, coord: str) -> list[float] | str:
     if not template:
         return "no prognostic path to read the levels from"
     from credit.data.catalog import open_store  # the data layer, read here for one coordinate
-    from credit.interop.data_gen2 import template_files
+    from credit.interop.path_templates import template_files
 
     found = template_files(".", expand(template))
     if not found:

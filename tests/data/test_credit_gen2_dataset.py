@@ -18,7 +18,7 @@ import xarray as xr
 from credit.config import compose_config
 from credit.interop.config_file import map_credit_file
 from credit.data.catalog import DataError
-from credit.interop.data_gen2 import template_files
+from credit.interop.path_templates import template_files
 from credit.data.from_config import build_dataset
 from credit.models.inputs import credit_input
 
