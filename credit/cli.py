@@ -94,13 +94,29 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
 DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
 
 
-def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train") -> int:
+# A launched rank's config: the one its launcher composed and checked (`_launch`), so every
+# rank runs that very config and none composes it again (about half a second of CPU each).
+_LAUNCHED_CONFIG = None
+
+
+def _rank_main(cfg, args: list[str]) -> int:
+    """A launched rank's entry point: `main(args)` with the launcher's composed config."""
+    global _LAUNCHED_CONFIG
+    _LAUNCHED_CONFIG = cfg
+    return main(args)
+
+
+def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train", cfg=None) -> int:
     """Run `credit <command_name>` as `nproc` local ranks (same overrides; `credit.launch`)
-    and exit with the ranks' own exit code (an SDC stop is 3, a config error 2)."""
+    and exit with the ranks' own exit code (an SDC stop is 3, a config error 2). With `cfg`
+    (the config the overrides composed to), the ranks run it instead of composing their own."""
+    from functools import partial
+
     from credit.launch import LaunchStopped, launch
 
+    entry = main if cfg is None else partial(_rank_main, cfg)
     try:
-        succeeded, ranks = launch(nproc, main, [command_name, *overrides],
+        succeeded, ranks = launch(nproc, entry, [command_name, *overrides],
                                  debug=os.environ.get(DEBUG_ENV) == "1")
     except LaunchStopped as stop:  # a scheduler's SIGTERM, ^C: the shell's code for that signal
         _fail(f"the launch got {stop}; its {nproc} ranks were stopped")
@@ -165,6 +181,8 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
     a non-None exit code means stop with it."""
     from credit.config import ConfigError, compose_config
 
+    if _LAUNCHED_CONFIG is not None:  # a launched rank: its launcher composed the config
+        return None, _LAUNCHED_CONFIG
     try:
         nproc, overrides = _split_nproc(args)
         if nproc is not None and nproc > 1:  # its imports overlap composing and checking here
@@ -181,7 +199,7 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
     except (ConfigError, ValueError) as error:
         return _fail(str(error)), None
     if nproc is not None and nproc > 1:
-        _launch(nproc, overrides, command_name)
+        _launch(nproc, overrides, command_name, cfg)
     return None, cfg
 
 

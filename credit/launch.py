@@ -207,8 +207,8 @@ def start_forkserver() -> None:
 
 def launch(nproc: int, main: Callable[[list[str]], int], args: Sequence[str],
            debug: bool = False) -> tuple[bool, list[int]]:
-    """Run `main(args)` (`credit.cli.main`: a module-level function, which reaches each rank
-    by name) on `nproc` local ranks and wait for them. Returns whether the
+    """Run `main(args)` (`credit.cli.main`, or a `functools.partial` of a module-level
+    function: it reaches each rank pickled, a function by name) on `nproc` local ranks and wait for them. Returns whether the
     agent saw every rank succeed, and the exit codes the ranks recorded (one per rank that
     got as far as recording it). Raises LaunchStopped when SIGTERM or SIGINT stopped the
     launch (the ranks stopped first)."""

@@ -181,3 +181,18 @@ def test_help_after_a_command_prints_usage(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr()
     assert "train [--nproc N] [--credit-config CREDIT.yml] [KEY=VALUE ...]" in out.out and not out.err
+
+
+def test_a_launched_rank_runs_its_launchers_config_without_composing(monkeypatch):
+    """`credit train --nproc N`: the launcher composes and checks the config once; each rank
+    is handed that config (`credit.cli._rank_main`) and never composes the overrides again."""
+    from credit import cli
+
+    launched = compose_config(["trainer.max_steps=7"])
+    monkeypatch.setattr(cli, "_LAUNCHED_CONFIG", launched)
+    # overrides that would not compose: a rank never reads them
+    code, cfg = cli._compose_or_launch(["no_such_key=1", "--nproc", "4"], "train")
+    assert code is None and cfg is launched
+    monkeypatch.setattr(cli, "_LAUNCHED_CONFIG", None)
+    code, cfg = cli._compose_or_launch(["no_such_key=1"], "train")
+    assert code == 2 and cfg is None

@@ -112,12 +112,27 @@ def test_fsdp2_tp_resume_continues_the_same_trajectory_bitwise(run_2x2):
     assert len(straight) == 6 and resumed == straight
 
 
+@pytest.fixture(scope="module")
+def single_from_step_3(run_2x2, tmp_path_factory):
+    """One process resumed from the dp2 x tp2 run's step-3 checkpoint: its weights and EMA as
+    loaded, then trained on to step 5 (the reference of both resharded layouts, made once)."""
+    run = tmp_path_factory.mktemp("single") / "run"
+    checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000003"
+    single = _trainer([*run_2x2["base"], "parallelism=single", f"run_dir={run}",
+                       f"trainer.resume={checkpoint}", "trainer.max_steps=5"])
+    loaded = {"step": single.step, "model": {k: v.clone() for k, v in single.model.state_dict().items()},
+              "ema": {k: v.clone() for k, v in single.ema.shadow.items()}}
+    single.fit()  # and training continues in one process too
+    return {**loaded, "run": run}
+
+
 @pytest.mark.parametrize(
     "world, layout",
     [(4, ["parallelism=fsdp2"]),  # dp4 x tp1
      (2, ["parallelism=single", "trainer.parallelism.tensor=2"])],  # dp1 x tp2, no data parallel
 )
-def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, tmp_path, world, layout):
+def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, single_from_step_3, tmp_path,
+                                                                      world, layout):
     checkpoint = run_2x2["root"] / "straight" / "checkpoints" / "step_00000003"
     overrides = [*run_2x2["base"], *layout, f"run_dir={tmp_path / 'run'}",
                  f"trainer.resume={checkpoint}", "trainer.max_steps=5"]
@@ -125,19 +140,17 @@ def test_a_dp2_tp2_checkpoint_reshards_bitwise_and_training_continues(run_2x2, t
     assert {r["loaded_step"] for r in results} == {3}
     model, ema = results[0]["weights"]
 
-    single = _trainer([*run_2x2["base"], "parallelism=single", f"run_dir={tmp_path / 'single'}",
-                       f"trainer.resume={checkpoint}", "trainer.max_steps=5"])
-    assert single.step == 3
-    reference = single.model.state_dict()
+    single = single_from_step_3
+    assert single["step"] == 3
+    reference = single["model"]
     assert model.keys() == reference.keys()
     for name, tensor in reference.items():
         assert torch.equal(model[name], tensor), name
-    for name, tensor in single.ema.shadow.items():
+    for name, tensor in single["ema"].items():
         assert torch.equal(ema[name], tensor), name
     assert not torch.equal(ema["head.weight"], reference["head.weight"])  # EMA is its own state
-    single.fit()  # and training continues in one process too
 
-    for run in (tmp_path / "run", tmp_path / "single"):
+    for run in (tmp_path / "run", single["run"]):
         rows = read_metrics(run / "metrics.csv")
         assert [int(r["step"]) for r in rows] == [4, 5]
         assert all(float(r["loss"]) > 0 for r in rows)
