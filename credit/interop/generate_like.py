@@ -1,5 +1,5 @@
 """`credit data generate --like CREDIT.yml --out DIR [--grid HxW]`: synthetic data in exactly the
-layout a CREDIT gen2 config file names, and a copy of the file that points at it, so a CREDIT
+layout a CREDIT gen2 config file names (a gen1 file: `generate_like_gen1`), and a copy of the file that points at it, so a CREDIT
 user smoke-tests any config in a minute.
 
 Written into DIR, each under the name and in a folder of the name the file gives it (CREDIT's
@@ -26,8 +26,6 @@ so the same name gives the same field in every file) over seeded noise; no physi
 from __future__ import annotations
 
 import copy
-import math
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,32 +38,12 @@ import yaml
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
+from credit.interop.generate_like_gen1 import generate_like_gen1
+from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
 from credit.interop.paths import expand
 
 _ROLE = {(field_type, f"vars_{dims.upper()}"): role for role, (field_type, dims) in FIELD_KEYS.items()}
 """A CREDIT source's (field type, vars_3D|vars_2D) group -> this project's variable role."""
-
-
-def _field(name: str, shape: tuple[int, ...], times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(time, [level,] lat, lon) float32: offset + amplitude x (a wave moving east) + 5% noise."""
-    code = zlib.crc32(name.encode())
-    amplitude, offset = 1.0 + code % 9, 3.0 * (1.0 + code % 9) + (code >> 8) % 50
-    lat = np.linspace(0, np.pi, shape[-2])[:, None]
-    lon = np.linspace(0, 2 * np.pi, shape[-1], endpoint=False)[None, :]
-    hours = (times - times[0]).astype("timedelta64[h]").astype(np.float64)
-    wave = np.stack([np.sin(lat) * np.cos(lon - 2 * np.pi * h / 96.0) for h in hours])
-    if len(shape) == 4:
-        wave = wave[:, None] * (1.0 + 0.1 * np.arange(shape[1]))[None, :, None, None]
-    noise = 0.05 * rng.standard_normal(shape)
-    return (offset + amplitude * (wave + noise)).astype(np.float32)
-
-
-def _placed(out: Path, path: Any) -> Path:
-    """Where a file of the CREDIT file goes under `out`: in a folder named as its own (CREDIT's
-    stores sit in folders such as all_in_one/, static/, mean_std/ whose globs must not meet)."""
-    path = Path(expand(str(path)))
-    (out / path.parent.name).mkdir(parents=True, exist_ok=True)
-    return out / path.parent.name / path.name
 
 
 def _store_name(template: str, when: pd.Timestamp) -> str:
@@ -75,34 +53,7 @@ def _store_name(template: str, when: pd.Timestamp) -> str:
 
 
 def _store_path(out: Path, template: str, when: pd.Timestamp) -> Path:
-    return _placed(out, template).parent / _store_name(template, when)
-
-
-def _padding(model: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, Any]:
-    """The model keys a grid sets: its size and, with boundary padding on, pads that make the
-    padded grid a multiple of what every stage's windows need."""
-    from credit.models.credit.layers import stage_multiple
-
-    out: dict[str, Any] = {"image_height": grid[0], "image_width": grid[1]}
-    padding = dict(model.get("padding_conf") or {})
-    if not padding.get("activate"):
-        return out
-    stages = len(model.get("dim") or [0, 0, 0, 0])
-    local = model.get("local_window_size", 10)
-    local = list(local) if isinstance(local, (list, tuple)) else [local] * stages
-    strides = list(model.get("cross_embed_strides") or [2] * stages)
-    multiple = stage_multiple(tuple(strides), tuple(local), tuple(model.get("global_window_size") or [1] * stages))
-    multiple *= int(model.get("patch_height", 1))
-    pads = []
-    for size in grid:
-        total = math.ceil(size / multiple) * multiple - size
-        if total - total // 2 > size:
-            raise GenerateError(f"--grid {grid[0]}x{grid[1]}: the model's windows need the padded grid to be a "
-                                f"multiple of {multiple}, and the boundary padding cannot be wider than the grid; "
-                                f"give at least {math.ceil(multiple / 3)} in each direction")
-        pads.append([total // 2, total - total // 2])
-    out["padding_conf"] = {**padding, "pad_lat": pads[0], "pad_lon": pads[1]}
-    return out
+    return placed(out, template).parent / _store_name(template, when)
 
 
 def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, int] | None = None,
@@ -113,19 +64,16 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
         conf = yaml.safe_load(source_file.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise GenerateError(f"--like {source_file}: not a readable YAML file: {str(err).splitlines()[0]}") from None
-    if not isinstance(conf, Mapping) or not is_gen2(conf):
-        raise GenerateError(f"--like {source_file}: not a CREDIT gen2 file (its data section has no `source`); "
-                            "`credit data generate --layout credit-gen1` writes gen1 data with its own config")
+    if not isinstance(conf, Mapping) or not isinstance(conf.get("data"), Mapping):
+        raise GenerateError(f"--like {source_file}: not a CREDIT config file (it has no `data` section)")
+    if not is_gen2(conf):
+        return generate_like_gen1(conf, source_file, out, grid=grid, days=days, seed=seed, overwrite=overwrite)
     found = only_source(conf["data"], "data")
     if isinstance(found, str):
         raise GenerateError(f"--like {source_file}: {found}")
     name, src = found
     model = dict(conf.get("model") or {})
-    if grid is None:
-        if not model.get("image_height") or not model.get("image_width"):
-            raise GenerateError(f"--like {source_file}: model.image_height/image_width unset; give --grid")
-        grid = (int(model["image_height"]), int(model["image_width"]))
-    resized = _padding(model, grid) if grid != (model.get("image_height"), model.get("image_width")) else None
+    grid, resized = model_grid(model, grid, source_file)
     levels = [float(v) for v in src.get("levels") or range(1, int(model.get("levels", 4)) + 1)]
     level_coord = str(src.get("level_coord") or "level")
     step = span(conf["data"].get("timestep", "6h"))
@@ -175,7 +123,7 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
         for field_type, dims in groups:
             for var in variables[field_type][dims]:
                 upper = dims == "vars_3D"
-                values = _field(var, (len(every_time), *((len(levels),) if upper else ()), *grid), every_time.values,
+                values = wave_field(var, (len(every_time), *((len(levels),) if upper else ()), *grid), every_time.values,
                                 rng)
                 training[var] = values[in_training]
                 if static:
@@ -202,12 +150,6 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
     return path
 
 
-def _stats(training: Mapping[str, np.ndarray], var: str) -> tuple[np.ndarray, np.ndarray]:
-    values = training[var]
-    axes = (0, 2, 3) if values.ndim == 4 else tuple(range(values.ndim))
-    return values.mean(axis=axes, dtype=np.float64), values.std(axis=axes, dtype=np.float64)
-
-
 def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any], periods: Mapping[str, Any],
                  step: pd.Timedelta, training: Mapping[str, np.ndarray], names: Mapping[str, Sequence[str]],
                  source: str, levels: Sequence[float], resized: Mapping[str, Any] | None) -> dict:
@@ -221,7 +163,7 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
         for src in dict(conf[section].get("source") or {}).values():
             for group in dict(src.get("variables") or {}).values():
                 if isinstance(group, dict) and group.get("path"):
-                    group["path"] = str(_placed(out, group["path"]))
+                    group["path"] = str(placed(out, group["path"]))
     static_store = next((_store_path(out, t, periods["data"][0]) for t, groups in templates.items()
                          if any(g[0] == "static" for g in groups)), None)
     scaler_files: set[str] = set()
@@ -230,27 +172,27 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
             args = dict(block or {}).get("args") or {}
             if block.get("type") == "era5_normalizer":
                 for key in ("mean_path", "std_path"):
-                    args[key] = str(_placed(out, args[key]))
+                    args[key] = str(placed(out, args[key]))
                 _write_normaliser(args, training, names, levels)
             if block.get("type") == "bridgescaler_transform" and args.get("scaler_path"):
-                args["scaler_path"] = str(_placed(out, args["scaler_path"]))
+                args["scaler_path"] = str(placed(out, args["scaler_path"]))
                 scaler_files.add(args["scaler_path"])
     for phase in dict(conf.get("postblocks") or {}).values():
         for block in dict(phase or {}).values():
             args = dict(block or {}).get("args") or {}
             if args.get("scaler_path"):
-                args["scaler_path"] = str(_placed(out, args["scaler_path"]))
+                args["scaler_path"] = str(placed(out, args["scaler_path"]))
                 scaler_files.add(args["scaler_path"])
     loss = conf.get("loss") if isinstance(conf.get("loss"), dict) else {}
     loss_args = loss.get("args") if isinstance(loss.get("args"), dict) else {}
     if loss_args.get("scaler_path"):
-        loss_args["scaler_path"] = str(_placed(out, loss_args["scaler_path"]))
+        loss_args["scaler_path"] = str(placed(out, loss_args["scaler_path"]))
         scaler_files.add(loss_args["scaler_path"])
     for holder in (loss, loss_args):
         if holder.get("latitude_weights") and static_store is not None:
             holder["latitude_weights"] = str(static_store)
     for file in scaler_files:
-        write_standard_scalers(file, {side: {var_key(source, role, v): _stats(training, v) for role in roles
+        write_standard_scalers(file, {side: {var_key(source, role, v): training_stats(training[v]) for role in roles
                                              for v in names[role]} for side, roles in SIDE_ROLES.items()})
     conf["save_loc"] = str(out / "run")
     inference = conf.get("inference")
@@ -264,7 +206,7 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
         if isinstance(inference.get("single_forecast"), dict):
             inference["single_forecast"].update(start_datetime=first.strftime(fmt), forecast_length=length)
     if resized is not None:
-        conf["model"] = {**dict(conf.get("model") or {}), **resized}
+        conf["model"] = dict(resized)
     return conf
 
 
@@ -278,7 +220,7 @@ def _write_normaliser(args: Mapping[str, Any], training: Mapping[str, np.ndarray
     means, stds = {}, {}
     for role, role_names in names.items():
         for var in role_names:
-            mean, std = _stats(training, var)
+            mean, std = training_stats(training[var])
             if role == "upper_air":
                 full_mean, full_std = np.zeros(axis), np.ones(axis)
                 full_mean[[p - 1 for p in positions]], full_std[[p - 1 for p in positions]] = mean, std

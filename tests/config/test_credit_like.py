@@ -15,6 +15,7 @@ import xarray as xr
 import yaml
 from launches import credit_command
 
+from credit.cli import _credit_config
 from credit.config import compose_config
 from credit.data.from_config import build_dataset
 from credit.interop.config_file import map_credit_file
@@ -30,10 +31,10 @@ GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
               ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64))]
 
 
-def _like(tmp_path: Path, name: str, grid: tuple[int, int]) -> Path:
+def _like(tmp_path: Path, name: str, grid: tuple[int, int], days: int = 2) -> Path:
     source = tmp_path / Path(name).name
     source.write_text(yaml.safe_dump(WHOLE_FILES[name], sort_keys=False))
-    return generate_like(source, tmp_path / "data", grid=grid)
+    return generate_like(source, tmp_path / "data", grid=grid, days=days)
 
 
 @pytest.mark.parametrize("name, grid", GEN2_FILES, ids=[Path(n).stem for n, _ in GEN2_FILES])
@@ -92,3 +93,82 @@ def test_a_run_length_given_on_the_command_line_wins_over_the_files_epochs(tmp_p
     assert not [o for o in overrides if o.startswith(("trainer.epochs=", "trainer.epochs_per_job="))]
     cfg = compose_config(overrides)
     assert (cfg.trainer.max_steps, cfg.trainer.steps_per_job, cfg.trainer.epochs) == (2, 1, 0)
+
+
+# CREDIT's gen1 files that map here (docs/credit_config.md's table), each with the smallest grid
+# its windows tile (the 0.25-degree wxformers: a multiple of 160 once padded)
+GEN1_FILES = [("config/example-v2026.1.0.yml", (32, 64)),
+              ("config/gen_1/applications/climate/climate_rollout.yml", (32, 64)),
+              ("config/gen_1/applications/other_models/wxformer_1dg_test.yml", (32, 64)),
+              ("config/gen_1/arXiv_2024/wxformer_1h_single_step.yml", (64, 128)),
+              ("config/gen_1/arXiv_2024/wxformer_6h_multi_step.yml", (64, 128)),
+              ("config/gen_1/arXiv_2024/wxformer_6h_single_step.yml", (64, 128)),
+              ("config/gen_1/archive/v1/wxformer_1dg_6hr.yml", (32, 64)),
+              ("config/gen_1/example/example-v2026.1.0.yml", (32, 64))]
+
+
+@pytest.mark.parametrize("name, grid", GEN1_FILES, ids=[f"{Path(n).parent.name}/{Path(n).stem}" for n, _ in GEN1_FILES])
+def test_a_gen1_copy_maps_and_its_data_read(tmp_path, name, grid):
+    original = WHOLE_FILES[name]
+    copy = _like(tmp_path, name, grid, days=1)
+    conf = yaml.safe_load(copy.read_text())
+    assert map_credit_file(conf).refused == []  # not even a path that matches no file
+    overrides, _ = _credit_config(["--credit-config", str(copy)])  # the whole file, its model too, as `credit train`
+    cfg = compose_config(overrides)
+    train, valid = build_dataset(cfg.data, "train_period"), build_dataset(cfg.data, "valid_period")
+    assert train.grid_shape == grid and len(train.levels) == original["model"]["levels"]
+    assert (cfg.model.image_height, cfg.model.image_width) == grid
+    first = [int(original["data"][key][0]) for key in ("train_years", "valid_years")]
+    assert [conf["data"][key] for key in ("train_years", "valid_years")] == [[y, y + 1] for y in first]
+    sample = valid[0]
+    assert all(bool(sample[k].isfinite().all()) for k in ("state", "forcing", "target"))
+    # the upper-air and surface channels of a state are the file's variables on its levels
+    data = original["data"]
+    assert sample["state"].shape[1] == len(data["variables"]) * len(train.levels) + len(data["surface_variables"])
+    for key in ("variables", "surface_variables", "dynamic_forcing_variables", "static_variables"):
+        assert conf["data"].get(key) == data.get(key)
+    assert not conf["trainer"].get("load_weights")  # a fresh start: the copy's save_loc holds no checkpoint
+
+
+def test_a_gen1_copy_holds_what_the_conservation_fixers_read(tmp_path):
+    """CREDIT's climate run: mass, water and energy fixers on 32 hybrid-sigma levels read the
+    physics file's 2-D grid, interface coefficients and surface geopotential."""
+    from credit.models.credit.postblocks.settings import column_physics, physics_field
+
+    copy = _like(tmp_path, "config/gen_1/applications/climate/climate_rollout.yml", (32, 64))
+    conf = yaml.safe_load(copy.read_text())
+    post = conf["model"]["post_conf"]
+    path = Path(conf["data"]["save_loc_physics"])
+    physics = column_physics(post, path, "data.save_loc_physics")
+    assert physics.sigma and physics.levels() == 32 and tuple(physics.area.shape) == (32, 64)
+    assert bool((physics.area > 0).all())
+    geopotential = physics_field(path, "PHIS", "data.save_loc_physics", "surface_geopotential_name")
+    assert tuple(geopotential.shape) == (32, 64)
+    with xr.open_dataset(path) as ds:  # CREDIT's latitude weights live in the same file here
+        assert "coslat" in ds and "z_norm" in ds
+
+
+def test_credits_gen1_example_trains_and_forecasts_from_the_validation_year(tmp_path):
+    """The copy of CREDIT's gen1 example trains (its model as it is, on the copy's grid); its
+    forecast starts at the validation year's first time (rolling out a copy: the gen2 test)."""
+    copy = _like(tmp_path, "config/gen_1/example/example-v2026.1.0.yml", (32, 64))
+    trained = credit_command("train", "--credit-config", str(copy), "trainer.max_steps=1",
+                             "trainer.valid_every_n_steps=0", "trainer.progress_bar=false", env=ENV)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
+    assert sum(",train," in row for row in rows) == 1
+    cfg = compose_config(list(map_credit_file(yaml.safe_load(copy.read_text())).overrides))
+    assert list(cfg.rollout.init_times) == ["2014-01-01T00:00"] and cfg.rollout.lead_steps == 4  # one day of 6 h
+
+
+def test_a_gen1_glob_without_a_year_wildcard_is_one_error_before_writing(tmp_path):
+    from credit.data.generate import GenerateError
+
+    conf = json.loads(json.dumps(WHOLE_FILES["config/gen_1/arXiv_2024/wxformer_6h_single_step.yml"]))
+    conf["data"]["save_loc_surface"] = "/glade/data/surface_all_years.zarr"
+    source = tmp_path / "one_file.yml"
+    source.write_text(yaml.safe_dump(conf))
+    with pytest.raises(GenerateError, match=r"data.save_loc_surface: '/glade/data/surface_all_years.zarr' has no "
+                                            r"wildcard for the year"):
+        generate_like(source, tmp_path / "data", grid=(64, 128))
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
