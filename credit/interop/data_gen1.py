@@ -56,7 +56,8 @@ def _paths(root: Path, pattern: str) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(full))
 
 
-def _year_of(path: Path) -> int | None:
+def file_year(path: Path) -> int | None:
+    """The year a gen1 file's name holds: its last group of exactly four digits."""
     years = _YEAR.findall(path.name)
     return int(years[-1]) if years else None
 
@@ -104,7 +105,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
         counts = {role: [p.name for p in paths] for role, paths in self.files.items()}
         first = next(iter(self.files.values()))
         for role, paths in self.files.items():
-            if [_year_of(p) for p in paths] != [_year_of(p) for p in first]:
+            if [file_year(p) for p in paths] != [file_year(p) for p in first]:
                 raise DataError(f"the yearly files of {role} ({counts[role]}) and of the upper-air variables "
                                 f"({[p.name for p in first]}) hold different years")
         self._stores: dict[Path, object] = {}
@@ -133,7 +134,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
         found = _paths(self.root, pattern)
         if not found:
             raise DataError(f"files[{role!r}] = {pattern!r} matches no file")
-        chosen = [p for p in found if (y := _year_of(p)) is not None and years[0] <= y <= years[1]]
+        chosen = [p for p in found if (y := file_year(p)) is not None and years[0] <= y <= years[1]]
         if not chosen:
             raise DataError(f"files[{role!r}] = {pattern!r}: no file name holds a year in {years[0]}-{years[1]} "
                             f"(found {[p.name for p in found[:4]]}{' ...' if len(found) > 4 else ''})")

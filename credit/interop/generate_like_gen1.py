@@ -4,11 +4,14 @@ exactly the layout its `data:` section names, and a copy of the file that points
 Written into DIR, each in a folder of the name the file gives it (`placed`):
 - per yearly glob (`save_loc`, `save_loc_surface`, `save_loc_dynamic_forcing`,
   `save_loc_diagnostic`) one file per year, named by the glob with the year in its wildcard
-  (`ERA5_6h*` -> `ERA5_6h_2000.zarr`, `y_????_F32.zarr` -> `y_2000_F32.zarr`, `*.nc` ->
-  `2000.nc`; a zarr store unless the glob names `.nc`), holding the variables of every group
-  that names the glob: upper-air on (time, level, latitude, longitude), the others on (time,
-  latitude, longitude). The year is the first of `train_years` and the first of `valid_years`
-  (CREDIT's end years are exclusive); the time step is `lead_time_periods` hours;
+  (`ERA5_6h*` -> `ERA5_6h_2000.zarr`, `y_????_F32.zarr` -> `y_2000_F32.zarr`, `y*12-31.zarr` ->
+  `y_2000_12-31.zarr`, `*.nc` -> `2000.nc`; a zarr store unless the name ends `.nc`-something),
+  holding the variables of every group that names the glob: upper-air on (time, level,
+  latitude, longitude), the others on (time, latitude, longitude). The year is the first of
+  `train_years` and the first of `valid_years` (CREDIT's end years are exclusive); the time
+  step is `lead_time_periods` hours. Every name is planned first (`_planned`): a glob that
+  would also read another key's file, or one file named for two things, is refused before
+  anything is written;
 - the levels: `level_ids` where it holds `model.levels` values (CREDIT's model-level ids),
   else 1..`model.levels`;
 - `save_loc_static` with the static variables; `save_loc_physics`, when the model's
@@ -22,14 +25,14 @@ Written into DIR, each in a folder of the name the file gives it (`placed`):
   per level on `level`, the rest scalars;
 - DIR/<the file's name>: the file with those paths, `save_loc` and `predict.save_forecast`
   under DIR, the years cut to one each, a fresh start (`trainer.load_weights` off: the new
-  `save_loc` holds no checkpoint to continue), one one-day forecast from the validation year's first
-  time, and with `--grid` the model's grid (and boundary padding).
+  `save_loc` holds no checkpoint to continue), one forecast of a day (or of one step, when a
+  step is longer) from the validation year's first time, and with `--grid` the model's grid (and boundary padding).
 """
 
 from __future__ import annotations
 
 import copy
-import glob
+import fnmatch
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ import xarray as xr
 import yaml
 
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
+from credit.interop.data_gen1 import file_year
 from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
 from credit.interop.paths import expand
 
@@ -53,6 +57,9 @@ _CONSERVATION = ("global_mass_fixer", "global_water_fixer", "global_energy_fixer
 
 
 def _yearly_name(source: Path, key: str, pattern: str, year: int) -> str:
+    """The name of `pattern`'s file of `year`: the year in its first `????` or `*` (set apart by
+    `_` from a letter or digit beside it), other wildcards filled; a zarr store (`.zarr`
+    added where the glob still matches) unless the name ends `.nc`-something."""
     base = Path(expand(pattern)).name
     if "[" in base:
         raise GenerateError(f"--like {source}: data.{key}: {pattern!r}: character classes are not written here; "
@@ -61,12 +68,20 @@ def _yearly_name(source: Path, key: str, pattern: str, year: int) -> str:
         name = base.replace("????", f"{year:04d}", 1)
     elif "*" in base:
         at = base.index("*")
-        name = base[:at] + ("_" if at and base[at - 1].isalnum() else "") + f"{year:04d}" + base[at + 1:]
+        before = "_" if at and base[at - 1].isalnum() else ""
+        after = "_" if at + 1 < len(base) and base[at + 1].isalnum() else ""
+        name = base[:at] + before + f"{year:04d}" + after + base[at + 1:]
     else:
         raise GenerateError(f"--like {source}: data.{key}: {pattern!r} has no wildcard for the year; CREDIT's gen1 "
                             "data is one file per year, found by a glob")
     name = name.replace("*", "").replace("?", "0")
-    return name if name.endswith((".nc", ".zarr")) else name + ".zarr"
+    if file_year(Path(name)) != year:
+        raise GenerateError(f"--like {source}: data.{key}: {pattern!r}: a file {name} would not be read as year "
+                            f"{year} (its last four-digit group is the year)")
+    if not name.endswith(".zarr") and not Path(name).suffix.startswith(".nc") \
+            and fnmatch.fnmatchcase(name + ".zarr", base):
+        name += ".zarr"
+    return name
 
 
 def _first_year(source: Path, data: Mapping[str, Any], key: str) -> int:
@@ -93,7 +108,7 @@ def _counts(conf: Mapping[str, Any], data: Mapping[str, Any], step: pd.Timedelta
     window = max(int(data.get("history_len", 1)) + int(data.get("forecast_len") or 0) + 1,
                  int(data.get("valid_history_len") or data.get("history_len", 1))
                  + int(data.get("valid_forecast_len") or 0) + 1)
-    forecast = int(pd.Timedelta(days=1) / step) + int(data.get("history_len", 1)) + 1
+    forecast = int(pd.Timedelta(days=_forecast_days(step)) / step) + int(data.get("history_len", 1)) + 1
     return max(int(pd.Timedelta(days=days) / step), int(trainer.get("train_batch_size", 1)) + window, forecast)
 
 
@@ -107,8 +122,6 @@ def _side_files(conf: Mapping[str, Any], data: Mapping[str, Any], model: Mapping
     lon = np.linspace(0, 360, grid[1], endpoint=False)
     one_time = np.array(["2000-01-01"], dtype="datetime64[ns]")
     if static:
-        if not data.get("save_loc_static"):
-            raise GenerateError("--like: data.static_variables are named and data.save_loc_static is not")
         files.setdefault(placed(out, data["save_loc_static"]), {}).update(
             {v: (("latitude", "longitude"), wave_field(v, (1, *grid), one_time, rng)[0]) for v in static})
     post = dict(model.get("post_conf") or {})
@@ -134,10 +147,48 @@ def _side_files(conf: Mapping[str, Any], data: Mapping[str, Any], model: Mapping
     return files
 
 
+def _planned(source: Path, data: Mapping[str, Any], out: Path, patterns: Mapping[str, Sequence[tuple[str, str]]],
+             years: Sequence[int]) -> tuple[dict[str, list[Path]], Path | None]:
+    """Every yearly file by glob, and the forcing file, before anything is written: one error
+    where a glob would also read a file written for another key, or one file stands for two."""
+    yearly = {pattern: [placed(out, pattern, make=False).parent / _yearly_name(source, groups[0][0], pattern, y)
+                        for y in years] for pattern, groups in patterns.items()}
+    forcing = None
+    if data.get("forcing_variables"):
+        forcing = placed(out, data["save_loc_forcing"], make=False)
+        if any(c in forcing.name for c in "*?["):  # CREDIT globs it; one file must match
+            forcing = forcing.parent / _yearly_name(source, "save_loc_forcing", data["save_loc_forcing"], _FORCING_YEAR)
+    stats = {key: placed(out, data[key], make=False) for key in ("mean_path", "std_path")}
+    others = {key: placed(out, data[key], make=False) for key in ("save_loc_static", "save_loc_physics")
+              if data.get(key)}
+    every = [p for paths in yearly.values() for p in paths] + ([forcing] if forcing else []) \
+        + list(stats.values()) + list(others.values())
+    for pattern, paths in yearly.items():
+        glob_path = placed(out, pattern, make=False)
+        read = {p for p in every if p.parent == glob_path.parent and fnmatch.fnmatchcase(p.name, glob_path.name)}
+        if read != set(paths):
+            raise GenerateError(f"--like {source}: data.{patterns[pattern][0][0]}: {pattern!r} would also read "
+                                f"{sorted(p.name for p in read - set(paths))}, written for another key")
+    for pattern, paths in yearly.items():  # CREDIT picks a year's files by the year anywhere in the path
+        for year, path in zip(years, paths):
+            picked = [p for p in paths if str(year) in str(p)]
+            if picked != [path]:
+                raise GenerateError(f"--like {source}: CREDIT's year filter (the year anywhere in the path) would "
+                                    f"read {[str(p) for p in picked]} as {year}; choose an --out without year strings")
+    if stats["mean_path"] == stats["std_path"]:
+        raise GenerateError(f"--like {source}: data.mean_path and data.std_path name one file; CREDIT reads the mean "
+                            "and the std of each variable from two")
+    for key, path in stats.items():
+        clash = [k for k, p in {**others, "save_loc_forcing": forcing}.items() if p == path]
+        if clash:
+            raise GenerateError(f"--like {source}: data.{key} and data.{clash[0]} name one file, {path.name}")
+    return yearly, forcing
+
+
 def generate_like_gen1(conf: Mapping[str, Any], source: Path, out: str | Path, *, grid: tuple[int, int] | None = None,
                        days: int = 2, seed: int = 0, overwrite: bool = False) -> Path:
     """Write data in the gen1 file `conf`'s (read from `source`) layout and the file's copy
-    into `out`; return the copy's path."""
+    into `out`; return the copy's path. Every refusal comes before anything is written."""
     data = dict(conf["data"])
     model = dict(conf.get("model") or {})
     grid, resized = model_grid(model, grid, source)
@@ -150,22 +201,14 @@ def generate_like_gen1(conf: Mapping[str, Any], source: Path, out: str | Path, *
     for key in ("mean_path", "std_path"):
         if not data.get(key):
             raise GenerateError(f"--like {source}: data.{key} is not set (CREDIT's gen1 data is z-scored with it)")
-    forcing = list(data.get("forcing_variables") or [])
-    if forcing and not data.get("save_loc_forcing"):
-        raise GenerateError(f"--like {source}: data.forcing_variables are named and data.save_loc_forcing is not")
+    static, forcing = list(data.get("static_variables") or []), list(data.get("forcing_variables") or [])
+    for key, loc in (("static_variables", "save_loc_static"), ("forcing_variables", "save_loc_forcing")):
+        if data.get(key) and not data.get(loc):
+            raise GenerateError(f"--like {source}: data.{key} are named and data.{loc} (their file) is not")
     levels = _levels(data, model)
     step = pd.Timedelta(hours=int(data.get("lead_time_periods") or 1))
     train_year, valid_year = _first_year(source, data, "train_years"), _first_year(source, data, "valid_years")
     count = _counts(conf, data, step, days)
-    for _, loc, _ in YEARLY:  # a glob that cannot name a yearly file: refused before anything is written
-        if data.get(loc):
-            _yearly_name(source, loc, str(data[loc]), train_year)
-    out = Path(out).expanduser().resolve()
-    prepare_output_dir(out, overwrite, written=("*",))
-    rng = np.random.default_rng(seed)
-    lat = np.linspace(90, -90, grid[0])
-    lon = np.linspace(0, 360, grid[1], endpoint=False)
-
     train_times = pd.date_range(f"{train_year}-01-01", periods=count, freq=step)
     every_time = train_times.union(pd.date_range(f"{valid_year}-01-01", periods=count, freq=step))
     in_training = every_time.isin(train_times)
@@ -173,6 +216,13 @@ def generate_like_gen1(conf: Mapping[str, Any], source: Path, out: str | Path, *
     for _, loc, role in YEARLY:
         if names[role]:
             patterns.setdefault(str(data[loc]), []).append((loc, role))
+    out = Path(out).expanduser().resolve()
+    yearly, forcing_path = _planned(source, data, out, patterns, sorted(set(every_time.year)))
+    prepare_output_dir(out, overwrite, written=("*",))
+    rng = np.random.default_rng(seed)
+    lat = np.linspace(90, -90, grid[0])
+    lon = np.linspace(0, 360, grid[1], endpoint=False)
+
     training: dict[str, np.ndarray] = {}
     for pattern, groups in patterns.items():
         data_vars = {}
@@ -188,29 +238,24 @@ def generate_like_gen1(conf: Mapping[str, Any], source: Path, out: str | Path, *
         if any(role == "upper_air" for _, role in groups):
             coords["level"] = levels
         ds = xr.Dataset(data_vars, coords=coords)
-        folder = placed(out, pattern).parent
-        written = []
-        for year in sorted(set(every_time.year)):
-            path = folder / _yearly_name(source, groups[0][0], pattern, year)
+        placed(out, pattern)  # its folder
+        for year, path in zip(sorted(set(every_time.year)), yearly[pattern]):
             write_atomically(ds.isel(time=np.flatnonzero(every_time.year == year)), path)
-            written.append(str(path))
-        matched = sorted(glob.glob(str(placed(out, pattern))))
-        if matched != sorted(written):
-            raise GenerateError(f"--like {source}: data.{groups[0][0]}: {pattern!r} would also read "
-                                f"{sorted(set(matched) - set(written))} written for another key")
 
-    for path, variables in _side_files(conf, data, model, levels, grid, out, list(data.get("static_variables") or []),
-                                       rng).items():
-        write_atomically(xr.Dataset(variables, coords={"latitude": lat, "longitude": lon}), path)
-    if forcing:
+    files = _side_files(conf, data, model, levels, grid, out, static, rng)
+    coords = {"latitude": lat, "longitude": lon}
+    if forcing:  # at each written time's (month, day, hour) in a leap year; beside the statics if one file
         times = pd.DatetimeIndex([t.replace(year=_FORCING_YEAR) for t in every_time]).unique().sort_values()
-        write_atomically(xr.Dataset({v: (("time", "latitude", "longitude"), wave_field(v, (len(times), *grid),
-                                                                                    times.values, rng))
-                                     for v in forcing}, coords={"time": times.values, "latitude": lat, "longitude": lon}),
-                         placed(out, data["save_loc_forcing"]))
+        placed(out, data["save_loc_forcing"])
+        files.setdefault(forcing_path, {}).update(
+            {v: (("time", "latitude", "longitude"), wave_field(v, (len(times), *grid), times.values, rng))
+             for v in forcing})
+    for path, variables in files.items():
+        timed = any("time" in dims for dims, _ in variables.values())
+        write_atomically(xr.Dataset(variables, coords={**coords, **({"time": times.values} if timed else {})}), path)
     _write_statistics(data, out, names, training, levels)
 
-    copy_conf = _copy_config(conf, out, train_year, valid_year, resized)
+    copy_conf = _copy_config(conf, out, train_year, valid_year, step, resized)
     path = out / source.name
     path.write_text(yaml.safe_dump(copy_conf, sort_keys=False))
     return path
@@ -228,7 +273,12 @@ def _write_statistics(data: Mapping[str, Any], out: Path, names: Mapping[str, Se
         write_atomically(xr.Dataset(table, coords={"level": list(levels)}), placed(out, data[key]))
 
 
-def _copy_config(conf: Mapping[str, Any], out: Path, train_year: int, valid_year: int,
+def _forecast_days(step: pd.Timedelta) -> int:
+    """Days of the copy's one forecast: one, or enough for one step of a longer time step."""
+    return max(1, -(-int(step / pd.Timedelta(hours=1)) // 24))
+
+
+def _copy_config(conf: Mapping[str, Any], out: Path, train_year: int, valid_year: int, step: pd.Timedelta,
                  resized: Mapping[str, Any] | None) -> dict:
     conf = copy.deepcopy(dict(conf))
     data = conf["data"]
@@ -249,7 +299,7 @@ def _copy_config(conf: Mapping[str, Any], out: Path, train_year: int, valid_year
         predict["save_forecast"] = str(out / "forecasts")
         if predict.get("forecasts"):
             predict["forecasts"] = {"type": "custom", "start_year": valid_year, "start_month": 1, "start_day": 1,
-                                    "start_hours": [0], "duration": 1, "days": 1}
+                                    "start_hours": [0], "duration": 1, "days": _forecast_days(step)}
     if resized is not None:
         conf["model"] = dict(resized)
     return conf

@@ -31,11 +31,13 @@ def wave_field(name: str, shape: tuple[int, ...], times: np.ndarray, rng: np.ran
     return (offset + amplitude * (wave + noise)).astype(np.float32)
 
 
-def placed(out: Path, path: Any) -> Path:
+def placed(out: Path, path: Any, make: bool = True) -> Path:
     """Where a file of the CREDIT file goes under `out`: in a folder named as its own (CREDIT's
-    stores sit in folders such as all_in_one/, static/, mean_std/ whose globs must not meet)."""
+    stores sit in folders such as all_in_one/, static/, mean_std/ whose globs must not meet),
+    which `make` creates."""
     path = Path(expand(str(path)))
-    (out / path.parent.name).mkdir(parents=True, exist_ok=True)
+    if make:
+        (out / path.parent.name).mkdir(parents=True, exist_ok=True)
     return out / path.parent.name / path.name
 
 
@@ -53,7 +55,8 @@ def resized_model(model: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, 
         del out["pad_lat"], out["pad_lon"]
     if not padding.get("activate"):
         return out
-    stages = len(model.get("dim") or [0, 0, 0, 0])
+    dims = model.get("dim")
+    stages = len(dims) if isinstance(dims, (list, tuple)) else 4
     local = model.get("local_window_size", 10)
     local = list(local) if isinstance(local, (list, tuple)) else [local] * stages
     strides = list(model.get("cross_embed_strides") or [2] * stages)

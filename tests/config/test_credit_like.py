@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xarray as xr
@@ -29,6 +33,19 @@ GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
               ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_casper.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64))]
+
+
+@pytest.fixture
+def tmp_path(tmp_path):
+    """pytest's folder, or a fresh one when its path holds four digits in a row: CREDIT's gen1
+    year filter reads a year anywhere in a path (`generate_like_gen1` refuses an --out that
+    would mislead it), and pytest's numbered folders (pytest-N) reach years in time."""
+    if not re.search(r"\d{4}", str(tmp_path)):
+        yield tmp_path
+        return
+    base = Path(tempfile.mkdtemp(prefix="credit_like_"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _like(tmp_path: Path, name: str, grid: tuple[int, int], days: int = 2) -> Path:
@@ -172,3 +189,58 @@ def test_a_gen1_glob_without_a_year_wildcard_is_one_error_before_writing(tmp_pat
                                             r"wildcard for the year"):
         generate_like(source, tmp_path / "data", grid=(64, 128))
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
+def _gen1_variant(tmp_path: Path, **data: Any) -> Path:
+    """CREDIT's 1-degree gen1 wxformer file with `data` keys changed."""
+    conf = json.loads(json.dumps(WHOLE_FILES["config/gen_1/archive/v1/wxformer_1dg_6hr.yml"]))
+    conf["data"].update(data)
+    source = tmp_path / "variant.yml"
+    source.write_text(yaml.safe_dump(conf))
+    return source
+
+
+def test_odd_gen1_globs_and_shared_files_read(tmp_path):
+    """A year wildcard with text after it, a `.nc4` solar folder, a forcing file that is also
+    the static file, and a 48-hour step: the copy composes and its data read."""
+    source = _gen1_variant(tmp_path, save_loc="/glade/y/SixHourly_y_TOTAL*12-31_staged.zarr",
+                           save_loc_surface="/glade/y/SixHourly_y_TOTAL*12-31_staged.zarr",
+                           save_loc_dynamic_forcing="/glade/solar/*.nc4", forcing_variables=["TSI"],
+                           save_loc_forcing="/glade/static/static.nc", save_loc_static="/glade/static/static.nc",
+                           lead_time_periods=48)
+    copy = generate_like(source, tmp_path / "data", grid=(32, 64), days=1)
+    assert sorted(p.name for p in (tmp_path / "data" / "y").iterdir()) == [
+        "SixHourly_y_TOTAL_1979_12-31_staged.zarr", "SixHourly_y_TOTAL_2018_12-31_staged.zarr"]
+    assert sorted(p.name for p in (tmp_path / "data" / "solar").iterdir()) == ["1979.nc4", "2018.nc4"]
+    with xr.open_dataset(tmp_path / "data" / "static" / "static.nc") as ds:
+        assert {"TSI", "Z_GDS4_SFC", "LSM"} <= set(ds.data_vars) and ds["TSI"].dims[0] == "time"
+    overrides, _ = _credit_config(["--credit-config", str(copy)])
+    cfg = compose_config(overrides)
+    assert cfg.rollout.lead_steps == 1  # one 48-hour step: the copy's forecast is two days
+    sample = build_dataset(cfg.data, "valid_period")[0]
+    assert all(bool(sample[k].isfinite().all()) for k in ("state", "forcing", "target"))
+
+
+@pytest.mark.parametrize("data, message", [
+    (dict(save_loc="/glade/a/ERA5_*", save_loc_surface="/glade/a/ERA5_sfc_*"),
+     r"data.save_loc: '/glade/a/ERA5_\*' would also read \['ERA5_sfc_1979.zarr', 'ERA5_sfc_2018.zarr'\], written "
+     r"for another key"),
+    (dict(std_path="/glade/stats/mean.nc", mean_path="/glade/stats/mean.nc"),
+     r"data.mean_path and data.std_path name one file"),
+], ids=["a glob reads another's files", "mean and std one file"])
+def test_gen1_files_that_would_read_each_other_are_one_error_before_writing(tmp_path, data, message):
+    from credit.data.generate import GenerateError
+
+    with pytest.raises(GenerateError, match=message):
+        generate_like(_gen1_variant(tmp_path, **data), tmp_path / "data", grid=(32, 64))
+    assert not (tmp_path / "data").exists()
+
+
+def test_an_out_folder_with_the_other_year_in_its_path_is_one_error(tmp_path):
+    """CREDIT's own gen1 reader takes a year's files by the year anywhere in the path: an
+    --out named after the validation year would have it read the training file as that year."""
+    from credit.data.generate import GenerateError
+
+    with pytest.raises(GenerateError, match=r"CREDIT's year filter .* as 2018; choose an --out without year strings"):
+        generate_like(_gen1_variant(tmp_path), tmp_path / "run2018", grid=(32, 64))
+    assert not (tmp_path / "run2018").exists()
