@@ -92,6 +92,8 @@ def _split_nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
 
 
 DEBUG_ENV = "CREDIT_DEBUG"  # 1: an unexpected error shows its traceback (also --debug)
+LOST_PEER = 4  # a rank's exit code when a collective failed because another rank's process ended
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's transport
 
 
 # A launched rank's config: the one its launcher composed and checked (`_launch`), so every
@@ -121,16 +123,18 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train", c
     except LaunchStopped as stop:  # a scheduler's SIGTERM, ^C: the shell's code for that signal
         _fail(f"the launch got {stop}; its {nproc} ranks were stopped")
         sys.exit(128 + stop.signum)
-    failed = [code for code in ranks if code]
-    if not succeeded and not failed and len(ranks) == nproc:
+    failed = [code for code in ranks if code and code != LOST_PEER]
+    finished = [code for code in ranks if code != LOST_PEER]
+    if not succeeded and len(ranks) == nproc and not any(ranks):
         # every rank finished its work and left its process group, then one aborted in its
         # exit (gloo's threads: "terminate called without an active exception"): nothing of
         # the run is lost
         print(f"warning: all {nproc} ranks finished with exit code 0; a rank then aborted while it "
               f"exited, which changes nothing of the result", file=sys.stderr)
         sys.exit(0)
-    if not succeeded and not failed:  # a rank died before it could say why (killed, crashed)
-        _fail(f"{len(ranks)} of {nproc} ranks finished; the launch failed without an error "
+    if not succeeded and not failed:  # a rank died before it could say why (killed, crashed); the
+        # others were stopped, or lost it in a collective (LOST_PEER: a warning each)
+        _fail(f"{len(finished)} of {nproc} ranks finished; the launch failed without an error "
               f"line from a rank (--debug shows the launcher's report)")
         sys.exit(2)
     sys.exit(max(failed) if failed else 0)
@@ -371,9 +375,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if os.environ.get(DEBUG_ENV) == "1":
             raise
-        text = str(error).strip()
-        first = text.splitlines()[0] if text else "(no message)"
-        return _fail(f"{type(error).__name__}: {first} (--debug or {DEBUG_ENV}=1 shows the traceback)")
+        return unexpected_error(error)
+
+
+def unexpected_error(error: Exception) -> int:
+    """An error no command expects: one `error:` line naming its type, exit code 2; on one rank
+    of several, a collective that failed because another rank's process ended is a warning
+    and LOST_PEER (the cause is that rank's, which its launcher names)."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else "(no message)"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in text for s in _PEER_GONE):
+        print(f"warning: rank {os.environ.get('RANK', '?')}: a collective stopped because another rank's "
+              f"process ended ({type(error).__name__}: {first[:160]})", file=sys.stderr)
+        return LOST_PEER
+    return _fail(f"{type(error).__name__}: {first} (--debug or {DEBUG_ENV}=1 shows the traceback)")
 
 
 def _dispatch(args: list[str]) -> int:

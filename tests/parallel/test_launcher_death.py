@@ -132,3 +132,48 @@ def test_a_failed_launch_leaves_no_process(failure, tiny_overrides, tmp_path):
     errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and ("is in use by" in errors[0] if lock is not None else
                                  "0 of 2 ranks finished; the launch failed" in errors[0]), log.read_text()[-3000:]
+
+
+def lose_a_peer(args: list[str]) -> int:
+    """A rank's main: rank 1 closes its connections while rank 0 waits in a collective (as a
+    killed rank's kernel does, but with the process left alive, so that no launcher stops rank
+    0 first); rank 0's collective fails on the closed connection, and `credit.cli` reports it."""
+    import torch
+    import torch.distributed as dist
+
+    from credit.cli import unexpected_error
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 1:  # once rank 0 waits in the collective
+        time.sleep(0.5)
+        dist.destroy_process_group()
+        time.sleep(60)  # the agent stops it once rank 0 has failed
+        return 0
+    try:
+        dist.all_reduce(torch.ones(4))
+    except RuntimeError as error:
+        return unexpected_error(error)
+    return 0
+
+
+def test_a_collective_that_loses_its_peer_is_a_warning_not_the_error_line(tmp_path):
+    """The rank that survives a killed peer says why its collective stopped as a warning and
+    exits LOST_PEER, so the one `error:` line is the launcher's, about the rank that died."""
+    from launches import output_to
+
+    from credit.cli import LOST_PEER
+    from credit.launch import launch
+
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in (out, err)]
+    try:
+        with output_to(*fds):
+            succeeded, codes = launch(2, lose_a_peer, ["peer"])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    text = err.read_text()
+    assert not succeeded and codes == [LOST_PEER], text[-2000:]  # rank 1 was stopped after rank 0 failed
+    assert "warning: rank 0: a collective stopped because another rank's process ended (RuntimeError: " in text
+    assert "error:" not in text
