@@ -178,9 +178,11 @@ class EMAConfig:
 @dataclass
 class LossConfig:
     # the elementwise error, CREDIT's deterministic losses: mse | mae | huber | logcosh |
-    # xtanh | xsigmoid | msle (credit/train/losses.py)
+    # xtanh | xsigmoid | msle (credit/train/losses.py); with trainer.ensemble_size > 1 a CRPS
+    # over the members: kcrps | almost_fair_crps (credit/train/ensemble.py)
     function: str = "mse"
     huber_delta: float = 1.0  # huber: quadratic within |error| < delta, linear outside
+    crps_alpha: float = 1.0  # almost_fair_crps: 1 is the fair CRPS; below 1 rewards spread less
     latitude_weighting: bool = True
     # per variable: one weight, or one per level of an upper-air variable (CREDIT's); default 1.0
     variable_weights: Dict[str, Any] = field(default_factory=dict)
@@ -220,6 +222,9 @@ class TrainerConfig:
     resume: str = "auto"  # auto | never | path to a checkpoint
     device: str = "auto"  # auto | cpu | cuda
     batch_size: int = 16  # per data-parallel rank
+    # members per sample (> 1: an ensemble on the batch axis, scored by a CRPS loss function;
+    # credit/train/ensemble.py); trainer.batch_size counts samples, the model sees batch x members
+    ensemble_size: int = 1
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     # CREDIT's grad_max_norm: dynamic: clip to sqrt(dp ranks x the norm) (grad_clip unused)

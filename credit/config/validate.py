@@ -200,8 +200,20 @@ def validate_trainer(trainer: DictConfig) -> None:
            "must be >= 1")
     check(0.0 < trainer.ema.decay < 1.0, "trainer.ema.decay", trainer.ema.decay,
            "must be in (0, 1)")
-    check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.function", trainer.loss.function,
-           f"one of {', '.join(LOSS_FUNCTIONS)}")
+    check(trainer.loss.function in LOSS_FUNCTIONS + ENSEMBLE_LOSS_FUNCTIONS, "trainer.loss.function",
+           trainer.loss.function, f"one of {', '.join(LOSS_FUNCTIONS)}, or with trainer.ensemble_size > 1 "
+           f"{' or '.join(ENSEMBLE_LOSS_FUNCTIONS)}")
+    check(trainer.ensemble_size >= 1, "trainer.ensemble_size", trainer.ensemble_size, "must be >= 1")
+    ensemble_loss = trainer.loss.function in ENSEMBLE_LOSS_FUNCTIONS
+    check(ensemble_loss or trainer.ensemble_size == 1, "trainer.ensemble_size", trainer.ensemble_size,
+           f"1 with trainer.loss.function={trainer.loss.function} (an ensemble is scored by "
+           f"{' or '.join(ENSEMBLE_LOSS_FUNCTIONS)})")
+    check(not ensemble_loss or trainer.ensemble_size > 1, "trainer.loss.function", trainer.loss.function,
+           "needs trainer.ensemble_size > 1 (a CRPS over one member divides by m (m - 1) = 0)")
+    check(0.0 < trainer.loss.crps_alpha <= 1.0, "trainer.loss.crps_alpha", trainer.loss.crps_alpha,
+           "must be in (0, 1]")
+    check(trainer.loss.crps_alpha == 1.0 or trainer.loss.function == "almost_fair_crps", "trainer.loss.crps_alpha",
+           trainer.loss.crps_alpha, "1 unless trainer.loss.function=almost_fair_crps")
     check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
            trainer.loss.forecast_steps, "mean or sum")
     check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
@@ -223,6 +235,7 @@ ROLLOUT_WEIGHTS = ("auto", "ema", "model")
 # the keys of credit.train.losses.ERRORS (config sits below train: the names are repeated,
 # and tests/train/test_losses.py checks the two agree)
 LOSS_FUNCTIONS = ("mse", "mae", "huber", "logcosh", "xtanh", "xsigmoid", "msle")
+ENSEMBLE_LOSS_FUNCTIONS = ("kcrps", "almost_fair_crps")  # credit.train.ensemble.ENSEMBLE_FUNCTIONS
 SEQUENCE_PARALLEL_MODELS = CREDIT_MODELS  # the models whose stages declare their grids
 
 

@@ -191,21 +191,41 @@ def scheduler(value: Any, conf: Mapping[str, Any]):
             "use_scheduler: false are")
 
 
+ENSEMBLE_LOSSES = {"KCRPS": "kcrps", "almost-fair-crps": "almost_fair_crps"}
+"""CREDIT's CRPS losses over members on the batch axis, by their names here."""
+
+
 def training_loss(value: Any, conf: Mapping[str, Any]):
     from credit.config.validate import LOSS_FUNCTIONS
 
+    members = int(dict(conf.get("trainer") or {}).get("ensemble_size") or 1)
+    if value in ENSEMBLE_LOSSES:
+        if members < 2:
+            return (f"loss.training_loss: {value!r} with trainer.ensemble_size {members}: a CRPS over one member "
+                    "divides by m (m - 1) = 0 (CREDIT's KCRPS is NaN there, its almost-fair CRPS asserts; its "
+                    "gen2 trainer refuses it); set trainer.ensemble_size >= 2")
+        return [("trainer.loss.function", ENSEMBLE_LOSSES[value])]
+    if value == "ring-crps":
+        return ("loss.training_loss: 'ring-crps' (one member per data-parallel rank) is not trained here yet; "
+                "KCRPS and almost-fair-crps with members on the batch axis are")
     if value not in LOSS_FUNCTIONS:
-        return (f"loss.training_loss: {value!r}; CREDIT's deterministic losses are read here "
-                f"({', '.join(LOSS_FUNCTIONS)}); ensembles and CRPS losses are not")
+        return (f"loss.training_loss: {value!r}; CREDIT's losses read here: {', '.join(LOSS_FUNCTIONS)}, "
+                f"and with trainer.ensemble_size > 1 {', '.join(ENSEMBLE_LOSSES)}")
+    if members > 1:
+        return (f"trainer.ensemble_size: {members} with loss.training_loss {value!r}; an ensemble trains with "
+                f"{' or '.join(ENSEMBLE_LOSSES)} (CREDIT refuses it too)")
     return [("trainer.loss.function", value)]
 
 
 def loss_parameters(value: Any, conf: Mapping[str, Any]):
     value = dict(value or {})
-    unknown = sorted(set(value) - {"delta"})
+    read = {"delta", "alpha"} if dict(conf.get("loss") or {}).get("training_loss") == "almost-fair-crps" else {"delta"}
+    unknown = sorted(set(value) - read)
     if unknown:
-        return f"loss.training_loss_parameters: {unknown}; only huber's delta is read here"
-    return [("trainer.loss.huber_delta", float(value["delta"]))] if "delta" in value else []
+        return (f"loss.training_loss_parameters: {unknown}; only huber's delta and almost-fair-crps's alpha are "
+                "read here")
+    pairs = [("trainer.loss.huber_delta", float(value["delta"]))] if "delta" in value else []
+    return pairs + ([("trainer.loss.crps_alpha", float(value["alpha"]))] if "alpha" in value else [])
 
 
 def variable_weights(value: Any, conf: Mapping[str, Any]):
@@ -273,4 +293,8 @@ def load_weights(value: Any, conf: Mapping[str, Any]):
 
 
 def ensemble(value: Any, conf: Mapping[str, Any]):
-    return f"trainer.ensemble_size: {value}; ensembles are not trained here" if int(value or 1) > 1 else []
+    """Members on the batch axis, as CREDIT's trainers put them (its loss rule checks the pair)."""
+    members = int(value or 1)
+    if members < 1:
+        return f"trainer.ensemble_size: {value}; must be >= 1"
+    return [("trainer.ensemble_size", members)] if members > 1 else []

@@ -30,6 +30,7 @@ from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, resolve_layo
 from credit.plan.comm import CommVolume
 from credit.plan.memory import StorageBytes
 from credit.plan.shapes import SampleShapes
+from credit.train.ensemble import with_members
 from credit.train.losses import WeightedLoss
 from credit.train.setup import build_optimizer, parallelize_for_training
 from credit.train.step import backward_micro_batch, update_parameters
@@ -119,7 +120,8 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic
-            loss_fn = WeightedLoss(torch.ones(grid[0]), torch.ones(channels))
+            loss_fn = WeightedLoss(torch.ones(grid[0]), torch.ones(channels), trainer.loss.function,
+                                   crps_alpha=trainer.loss.crps_alpha)
             memory, comm = StorageBytes(), CommVolume(labels)
             memory.hold(model, optimizer, loss_fn, list(ema.shadow.values()) if ema else [])
             held = memory.current
@@ -130,7 +132,8 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
                 for _ in range(trainer.grad_accum_steps):
                     batch = {key: torch.empty(shape) for key, shape in shapes.batch(trainer.batch_size).items()}
                     step_batches.append(batch)
-                    backward_micro_batch(model, batch, loss_fn, accum=trainer.grad_accum_steps,
+                    backward_micro_batch(model, with_members(batch, trainer.ensemble_size), loss_fn,
+                                         accum=trainer.grad_accum_steps,
                                          deterministic=deterministic,
                                          step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps,
                                          forecast_steps=trainer.loss.forecast_steps)

@@ -40,8 +40,9 @@ class _RowSums(torch.autograd.Function):
 
 def sample_sums(prediction: torch.Tensor, target: torch.Tensor,
                 weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """(B,) per-sample sums of the weighted error, each by the fixed K tree."""
-    return _RowSums.apply(weighted_error(prediction, target).reshape(prediction.shape[0], -1))
+    """(B,) per-sample sums of the weighted error, each by the fixed K tree (an ensemble's
+    `prediction` holds B x members forecasts; the error, one per sample)."""
+    return _RowSums.apply(weighted_error(prediction, target).reshape(target.shape[0], -1))
 
 
 def sample_mean(prediction: torch.Tensor, target: torch.Tensor,
@@ -49,7 +50,7 @@ def sample_mean(prediction: torch.Tensor, target: torch.Tensor,
     """One sample's mean weighted error, its sum by the K tree (validation in deterministic
     mode: torch's `mean` reduces in an order set by the intra-op thread count, so one process
     on several cores and torchrun's one-thread ranks would report other bits)."""
-    return sample_sums(prediction, target, weighted_error)[0] / prediction[0].numel()
+    return sample_sums(prediction, target, weighted_error)[0] / target[0].numel()
 
 
 def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
+
 
 def channel_weights(
     channel_variables: Sequence[str], variable_weights: Mapping[str, Any], normalize: bool = True
@@ -113,11 +115,12 @@ class WeightedLoss(nn.Module):
     with `physical=(std, mean)` per channel, the error of x * std + mean of both."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
-                 huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 crps_alpha: float = 1.0) -> None:
         super().__init__()
-        if function not in ERRORS:
-            raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS)}")
-        self.function, self.huber_delta = function, huber_delta
+        if function not in ERRORS and function not in ENSEMBLE_FUNCTIONS:
+            raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS) + list(ENSEMBLE_FUNCTIONS)}")
+        self.function, self.huber_delta, self.crps_alpha = function, huber_delta, crps_alpha
         self.register_buffer("lat_weights", lat_weights.view(1, 1, -1, 1), persistent=False)
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
         self.physical = physical is not None
@@ -127,11 +130,16 @@ class WeightedLoss(nn.Module):
                                      persistent=False)
 
     def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The weighted elementwise error (B, C, lat, lon), before any sum."""
+        """The weighted elementwise error (B, C, lat, lon), before any sum (an ensemble's
+        `prediction`: (B x members, C, lat, lon))."""
         if self.physical:  # float32 as BaseLoss scores it (physical magnitudes overflow half precision)
             prediction = prediction.float() * self.std + self.mean
             target = target.float() * self.std + self.mean
-        return ERRORS[self.function](prediction, target, self.huber_delta) * self.lat_weights * self.chan_weights
+        if self.function in ENSEMBLE_FUNCTIONS:
+            error = ensemble_error(self.function, prediction, target, self.crps_alpha)
+        else:
+            error = ERRORS[self.function](prediction, target, self.huber_delta)
+        return error * self.lat_weights * self.chan_weights
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.weighted_error(prediction, target).mean()
@@ -152,4 +160,4 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
     else:
         weights = channel_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights)
     return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
-                        physical=(std, mean) if loss.space == "physical" else None)
+                        physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha)

@@ -37,6 +37,7 @@ from credit.models.dropout import dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
 from credit.train.deterministic import sample_mean
 from credit.train.loaders import build_loaders
+from credit.train.ensemble import with_members
 from credit.train.losses import training_loss
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
@@ -248,12 +249,12 @@ class Trainer:
             batch = {k: v.to(rt.device) for k, v in host_batch.items()}
             self._step_batches.append(batch)
             self._advance_position()
-            local_batch = batch["state"].shape[0]
-            # Indexed dropout (deterministic mode) keys its masks on the global sample index;
-            # the context spans backward too, where activation checkpointing recomputes them.
-            with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * local_batch,
-                              local_batch):
-                losses.append(self._backward(batch))
+            # Indexed dropout (deterministic mode) keys its masks on the global row, an
+            # ensemble's (sample, member) pair; the context spans backward too, where
+            # activation checkpointing recomputes them.
+            rows = batch["state"].shape[0] * trainer.ensemble_size
+            with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * rows, rows):
+                losses.append(self._backward(with_members(batch, trainer.ensemble_size)))
         loss_value = step_loss(losses, self._loss_scale, self.runtime.mesh, self.deterministic,
                                self.runtime.device)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
@@ -307,6 +308,7 @@ class Trainer:
             else self.loss_fn,
             state_channels=self.state_channels,
             device=self.runtime.device,
+            members=self.cfg.trainer.ensemble_size,
         )
 
     # ------------------------------------------------------------------ loop
@@ -334,6 +336,9 @@ class Trainer:
             self.cfg.model.name, n_params / 1e6, self.runtime.device, self.step,
             trainer.max_steps, len(self.train_set),
         )
+        if trainer.ensemble_size > 1:
+            log.info("an ensemble of %d members a sample on the batch axis, scored by %s; validation's RMSE is the "
+                     "ensemble mean's", trainer.ensemble_size, trainer.loss.function)
         stop_at = trainer.max_steps
         if trainer.steps_per_job:  # wall-clock-limited jobs: the next submission resumes
             stop_at = min(stop_at, self.step + trainer.steps_per_job)

@@ -1,6 +1,7 @@
 """Validation on held-out times: RMSE per variable for the model and for persistence, at the
 validation lead (`data.valid_forecast_len` autoregressive steps; the last one is scored, as
-CREDIT's trainers score it)."""
+CREDIT's trainers score it). An ensemble's members are forecast as in training (inputs
+repeated per member, CREDIT's validation too); its RMSE is the ensemble mean's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from credit.train.ensemble import with_members
 from credit.train.forecast import forecast_steps
 
 
@@ -33,6 +35,7 @@ def evaluate(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     state_channels: int,
     device: torch.device,
+    members: int = 1,
 ) -> dict[str, float]:
     """Skill over `batches` at their last target step (the lead: each batch's forecast
     rolls out autoregressively to it): `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
@@ -54,7 +57,10 @@ def evaluate(
         state = batch["state"]
         lead = batch["target"].shape[1]
         target = batch["target"][:, -1]
-        *_, prediction = forecast_steps(model, batch, lead)
+        *_, members_prediction = forecast_steps(model, with_members(batch, members), lead)
+        prediction = members_prediction
+        if members > 1:
+            prediction = members_prediction.view(target.shape[0], members, *target.shape[1:]).mean(1)
         error = (prediction.double().cpu() - target.double().cpu()) * std
         persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
         persistence = persistence * std[:, :state_channels]
@@ -62,7 +68,7 @@ def evaluate(
         persist_per_sample = (persistence**2 * weights).sum(dim=(2, 3))
         # sample by sample, in order: the totals do not depend on how samples were batched
         for i in range(target.shape[0]):
-            loss_sum += float(loss_fn(prediction[i : i + 1], target[i : i + 1]))
+            loss_sum += float(loss_fn(members_prediction[i * members : (i + 1) * members], target[i : i + 1]))
             model_sq += model_per_sample[i]
             persist_sq += persist_per_sample[i]
         loss_count += target.shape[0]

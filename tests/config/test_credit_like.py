@@ -32,7 +32,8 @@ WHOLE_FILES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "cr
 GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
               ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_casper.yml", (64, 128)),
-              ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64))]
+              ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64)),
+              ("config/gen_2/smoke/smoke_ensemble_gen2_casper.yml", (64, 128))]
 
 
 @pytest.fixture
