@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # every comparison with a fixture that takes under a few seconds, and CREDIT's continued run
 FIXTURE_COMPARISONS = (
     "tests/train/test_losses.py::test_the_loss_is_credits_on_the_same_tensors",
+    "tests/train/test_ensemble.py::test_the_crps_is_credits_on_the_same_tensors",
     "tests/config/test_credit_file.py::test_the_mapped_loss_equals_credits_with_latitude_and_variable_weights",
     "tests/data/test_credit_gen1_dataset.py::test_model_input_and_target_equal_credits",
     "tests/data/test_credit_gen2_dataset.py::test_every_steps_input_targets_and_forcing_equal_credits",
