@@ -151,7 +151,8 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
 @pytest.mark.parametrize("change, refusal", [
     ({"trainer": {"amp": True}}, "trainer.amp: true"),
     ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
-    ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4"),
+    ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4 with loss.training_loss"),
+    ({"predict": {"ensemble_size": 3}}, "predict.ensemble_size: 3"),
     ({"trainer": {"compile": True}}, "trainer.compile: true"),
     ({"trainer": {"mode": "domain_parallel", "domain_parallel_size": 2}},
      "trainer.mode: 'domain_parallel'; CREDIT's domain parallelism computes long-distance attention within"),
@@ -160,7 +161,7 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
 def test_what_is_not_honoured_is_one_line_before_any_work(credit_dataset, tmp_path, change, refusal):
     conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
     for section, values in change.items():
-        conf[section] = values if "source" in values else {**conf[section], **values}
+        conf[section] = values if "source" in values else {**conf.get(section, {}), **values}
     conf["save_loc"] = str(tmp_path / "run")
     config = tmp_path / "credit.yml"
     config.write_text(yaml.safe_dump(conf))
