@@ -173,6 +173,20 @@ class CrossFormerConfig(CreditModelConfig):
 
 
 @dataclass
+class CrossFormerEnsembleConfig(CrossFormerConfig):
+    """CREDIT's `crossformer-ensemble` (`crossformer-style`): the older CrossFormer with noise
+    layers in its encoder and decoder (`model=crossformer-ensemble`; docs/ensembles.md)."""
+
+    name: str = "crossformer-ensemble"
+    noise_latent_dim: int = 128  # the latent noise vector each layer maps to its channels' style
+    encoder_noise_factor: float = 0.05
+    decoder_noise_factor: float = 0.275
+    encoder_noise: bool = True  # noise after the first three encoder stages too
+    freeze: bool = True  # only the noise layers train (fine-tuning a deterministic CrossFormer)
+    correlated: bool = False  # one latent vector per forward for every layer
+
+
+@dataclass
 class WXFormerNextConfig(CreditModelConfig):
     """CREDIT's `nextgen_wxformer`, NextGenWXFormer (`model=nextgen_wxformer`)."""
 
@@ -184,5 +198,6 @@ class WXFormerNextConfig(CreditModelConfig):
 
 
 # `model=NAME` picks one of these schemas (ConfigStore group "model")
-MODEL_SCHEMAS = {"windowformer": WindowFormerConfig, "crossformer": CrossFormerConfig, "wxformer": WXFormerConfig,
+MODEL_SCHEMAS = {"windowformer": WindowFormerConfig, "crossformer": CrossFormerConfig,
+                 "crossformer-ensemble": CrossFormerEnsembleConfig, "wxformer": WXFormerConfig,
                  "nextgen_wxformer": WXFormerNextConfig}

@@ -21,7 +21,8 @@ def heads_split_error(heads: int, tensor: int) -> str | None:
 
 GEMM_MODES = ("fast", "deterministic")
 # this project's names for CREDIT's classes are CREDIT's registry names (docs/credit_models.md)
-CREDIT_MODELS = ("crossformer", "wxformer", "nextgen_wxformer")
+CREDIT_MODELS = ("crossformer", "wxformer", "nextgen_wxformer", "crossformer-ensemble")
+OLDER_CROSSFORMERS = ("crossformer", "crossformer-ensemble")  # the older decoder, its attention
 ASYMMETRIC_CROSS_EMBED = ("wxformer", "nextgen_wxformer")  # ZeroPad2d(k - s) branches
 DECODER_ATTENTION = ("coordinate", "eca", "spatial", "scse_optimized", "scse_standard", "mixed")
 SPECTRAL_NORM_TP = ("shard", "replicate")
@@ -97,10 +98,14 @@ def _validate_credit_model(model: DictConfig) -> None:
         check(model[key] is None or model[key] >= 1, f"model.{key}", model[key], "must be >= 1 or null")
     for key in ("surface_channels", "input_only_channels", "output_only_channels"):
         check(model[key] is None or model[key] >= 0, f"model.{key}", model[key], "must be >= 0 or null")
-    if model.name == "crossformer":
+    if model.name in OLDER_CROSSFORMERS:
         check(model.attention_type in (None, "none", *DECODER_ATTENTION), "model.attention_type",
                model.attention_type, f"allowed: null, {', '.join(DECODER_ATTENTION)}")
-    if model.name in ("crossformer", "wxformer"):
+    if model.name == "crossformer-ensemble":
+        check(model.noise_latent_dim >= 1, "model.noise_latent_dim", model.noise_latent_dim, "must be >= 1")
+        check(model.frames in (None, 1), "model.frames", model.frames, "1: CREDIT's crossformer-ensemble averages "
+              "input frames in pairs where its encoder takes them stacked (data.history_len 1)")
+    if model.name in (*OLDER_CROSSFORMERS, "wxformer"):
         pad = model.padding_conf
         check(pad.mode in ("earth", "mirror"), "model.padding_conf.mode", pad.mode, "allowed: 'earth', 'mirror'")
         for key in ("pad_lat", "pad_lon"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -63,9 +63,17 @@ class DropoutStep:
     step: int
     sample_offset: int  # global index of this rank's first sample
     local_batch: int  # samples this rank holds in the current forward
+    # forwards of a noise-injecting model so far in this context (an autoregressive forecast's
+    # steps draw their own noise: credit.models.noise)
+    forwards: list[int] = field(default_factory=lambda: [0], compare=False)
 
 
 _current: DropoutStep | None = None
+
+
+def current_step() -> DropoutStep | None:
+    """The step context `dropout_step` set, or None outside one."""
+    return _current
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, resolve_layo
 from credit.plan.comm import CommVolume
 from credit.plan.memory import StorageBytes
 from credit.plan.shapes import SampleShapes
+from credit.models.dropout import dropout_step
 from credit.train.ensemble import with_members
 from credit.train.losses import WeightedLoss
 from credit.train.setup import build_optimizer, parallelize_for_training
@@ -132,11 +133,13 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
                 for _ in range(trainer.grad_accum_steps):
                     batch = {key: torch.empty(shape) for key, shape in shapes.batch(trainer.batch_size).items()}
                     step_batches.append(batch)
-                    backward_micro_batch(model, with_members(batch, trainer.ensemble_size), loss_fn,
-                                         accum=trainer.grad_accum_steps,
-                                         deterministic=deterministic,
-                                         step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps,
-                                         forecast_steps=trainer.loss.forecast_steps)
+                    rows = trainer.batch_size * trainer.ensemble_size
+                    with dropout_step(trainer.seed, 0, 0, rows):  # dropout masks and noise, as a step draws them
+                        backward_micro_batch(model, with_members(batch, trainer.ensemble_size), loss_fn,
+                                             accum=trainer.grad_accum_steps,
+                                             deterministic=deterministic,
+                                             step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps,
+                                             forecast_steps=trainer.loss.forecast_steps)
                 update_parameters(model, optimizer, mesh, deterministic=deterministic, data=par.data,
                                   grad_clip=trainer.grad_clip)
                 if ema is not None:

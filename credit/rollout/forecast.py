@@ -18,6 +18,7 @@ from torch import nn
 
 from credit.data import ERA5Dataset, variable_spec
 from credit.data.from_config import credit_gen1_dataset, credit_gen2_dataset
+from credit.models.dropout import dropout_step
 from credit.models.inputs import predict
 from credit.rollout.errors import RolloutError
 
@@ -50,8 +51,8 @@ def rollout_dataset(data: DictConfig, inits: list[int], step: int, lead_steps: i
 class Forecaster:
     """Runs `model` forward from init times of `dataset` (samples with forecast_len=1)."""
 
-    def __init__(self, model: nn.Module, dataset: ERA5Dataset, device: torch.device) -> None:
-        self.model, self.dataset, self.device = model, dataset, device
+    def __init__(self, model: nn.Module, dataset: ERA5Dataset, device: torch.device, seed: int = 0) -> None:
+        self.model, self.dataset, self.device, self.seed = model, dataset, device, seed
         self.history_len = dataset.history_len
         self.state_channels = len(dataset.state_channel_names)
         self.step = dataset.step_ns
@@ -91,7 +92,9 @@ class Forecaster:
             for k in range(lead_steps):
                 sample = sample if k == 0 else self._sample(first + k * self.step)
                 forcing = sample["forcing"][: self.history_len + 1].unsqueeze(0).to(self.device)
-                prediction = predict(self.model, state, forcing, static, initial_state).float()
+                # a noise-injecting model's noise, keyed on (init time in seconds, lead)
+                with dropout_step(self.seed, int(init) // 1_000_000_000 * 4096 + k, 0, 1):
+                    prediction = predict(self.model, state, forcing, static, initial_state).float()
                 newest = prediction[:, : self.state_channels].unsqueeze(1)
                 state = torch.cat([state[:, 1:], newest], dim=1)
                 yield self.physical(prediction[0]), self.physical(sample["target"][0])

@@ -157,7 +157,7 @@ def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
     dataset = rollout_dataset(data, plan.inits, plan.step, ro.lead_steps)
     model = build_forecast_model(cfg, dataset, runtime)
     load_forecast_weights(model, plan.checkpoint, plan.weights)
-    forecaster = Forecaster(model, dataset, runtime.device)
+    forecaster = Forecaster(model, dataset, runtime.device, seed=cfg.trainer.seed)
     result = RolloutResult(plan.checkpoint, plan.weights, Path(ro.output_dir))
     main = runtime.is_main
     attributes = input_attributes(data) if main else None

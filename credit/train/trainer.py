@@ -309,6 +309,7 @@ class Trainer:
             state_channels=self.state_channels,
             device=self.runtime.device,
             members=self.cfg.trainer.ensemble_size,
+            seed=self.cfg.trainer.seed,
         )
 
     # ------------------------------------------------------------------ loop

@@ -13,8 +13,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from credit.models.dropout import dropout_step
 from credit.train.ensemble import with_members
 from credit.train.forecast import forecast_steps
+
+
+VALIDATION_STEP = -1  # the step key of validation's randomness (training's steps are >= 0)
 
 
 def output_channel_variables(
@@ -36,6 +40,7 @@ def evaluate(
     state_channels: int,
     device: torch.device,
     members: int = 1,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Skill over `batches` at their last target step (the lead: each batch's forecast
     rolls out autoregressively to it): `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
@@ -50,14 +55,19 @@ def evaluate(
     weights = lat_weights.to(torch.float64).view(1, 1, -1, 1)
     model_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
     persist_sq = torch.zeros(state_channels, dtype=torch.float64)
-    points = 0
+    points = offset = 0
     loss_sum, loss_count = 0.0, 0
     for batch in batches:
         batch = {k: v.to(device) for k, v in batch.items()}
         state = batch["state"]
         lead = batch["target"].shape[1]
         target = batch["target"][:, -1]
-        *_, members_prediction = forecast_steps(model, with_members(batch, members), lead)
+        rows = target.shape[0] * members
+        # a noise-injecting model draws the same noise at every validation (step key -1): its
+        # members' scores are comparable from one validation to the next
+        with dropout_step(seed, VALIDATION_STEP, offset, rows):
+            *_, members_prediction = forecast_steps(model, with_members(batch, members), lead)
+        offset += rows
         prediction = members_prediction
         if members > 1:
             prediction = members_prediction.view(target.shape[0], members, *target.shape[1:]).mean(1)

@@ -59,14 +59,14 @@ def test_overrides_apply():
         ("trainer.parallelism.mixed_precision=fp8", "trainer.parallelism.mixed_precision='fp8'"),
         ("trainer.parallelism.sequence_parallel=true", "sequence_parallel=True is invalid: needs trainer.parallelism.tensor > 1"),
         ("model=windowformer trainer.parallelism.tensor=2 trainer.parallelism.sequence_parallel=true",
-         "model.name in ['crossformer', 'wxformer', 'nextgen_wxformer'], got 'windowformer'"),
+         "model.name in ['crossformer', 'wxformer', 'nextgen_wxformer', 'crossformer-ensemble'], got 'windowformer'"),
         ("trainer.ema.decay=1.0", "trainer.ema.decay=1.0"),
         ("trainer.optimizer.betas=[0.9,1.2]", "trainer.optimizer.betas"),
         ("data.train_period=[2001-01-01,2000-01-01]", "data.train_period"),
         ("data.valid_period=[2000-14-01,2001-01-01]", "data.valid_period='2000-14-01'"),
         ("data.history_len=0", "data.history_len=0"),
         ("+trainer.loss.variable_weights.XYZ=2", "XYZ"),
-        ("model=nope", "model/nope'; available: crossformer, nextgen_wxformer, windowformer, wxformer"),
+        ("model=nope", "model/nope'; available: crossformer, crossformer-ensemble, nextgen_wxformer, windowformer, wxformer"),
     ],
 )
 def test_bad_config_is_one_error_naming_the_key(override, named):

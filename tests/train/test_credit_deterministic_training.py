@@ -71,14 +71,19 @@ def test_spectral_norm_is_bitwise_in_one_process_and_at_dp2_ddp(tiny_data, tmp_p
     _same_bits(runs[1, 1], runs[1, 2])
 
 
-def test_an_ensembles_members_are_bitwise_in_one_process_and_at_dp2(tiny_data, tmp_path):
+# CREDIT's noise-injecting CrossFormer, its noise layers training (freeze: CREDIT's default)
+ENSEMBLE_CROSSFORMER = ["model=crossformer-ensemble", "model.noise_latent_dim=8", *WXFORMER[1:]]
+
+
+@pytest.mark.parametrize("model", [WXFORMER, ENSEMBLE_CROSSFORMER], ids=["wxformer_dropout", "crossformer_ensemble"])
+def test_an_ensembles_members_are_bitwise_in_one_process_and_at_dp2(model, tiny_data, tmp_path):
     """CREDIT's ensemble on the batch axis (trainer.ensemble_size 2, its KCRPS): each member's
-    dropout masks are keyed on its global row (sample and member), so one process holding both
-    samples' members and two ranks holding one sample's each give the same bits."""
+    dropout masks and noise are keyed on its global row (sample and member), so one process
+    holding both samples' members and two ranks holding one sample's each give the same bits."""
     runs = {}
     for dp in (1, 2):
         run = tmp_path / f"dp{dp}"
-        result = _train(dp, *tiny_data_overrides(tiny_data, *WXFORMER, "trainer.max_steps=4",
+        result = _train(dp, *tiny_data_overrides(tiny_data, *model, "trainer.max_steps=4",
                                                  "trainer.valid_every_n_steps=2", "trainer.ensemble_size=2",
                                                  "trainer.loss.function=kcrps", f"trainer.batch_size={2 // dp}",
                                                  "trainer.parallelism.data=fsdp2", f"run_dir={run}"))

@@ -133,3 +133,30 @@ def test_an_ensemble_trains_and_its_members_differ_through_dropout(tmp_path, tin
     with dropout_step(seed=42, step=0, sample_offset=0, local_batch=2):  # one sample's two members
         keep = keep_mask((2, 3, 64), 0.5, layer=1)
     assert not torch.equal(keep[0], keep[1])
+
+
+CROSSFORMER = ["model.dim=[8,16,32,64]", "model.dim_head=4", "model.local_window_size=[2,2,2,1]",
+               "model.global_window_size=[2,2,1,1]"]
+
+
+def test_credits_ensemble_fine_tunes_from_a_deterministic_crossformer(tmp_path, tiny_data, capfd):
+    """CREDIT's workflow: a deterministic `crossformer` checkpoint (CREDIT's single-file format)
+    starts `crossformer-ensemble`, whose noise layers start fresh and alone train (freeze)."""
+    from tiny import tiny_data_overrides
+
+    from credit.data.from_config import build_dataset
+    from credit.data import model_layout
+    from credit.models import build_model
+
+    cfg = compose_config(tiny_data_overrides(tiny_data, "model=crossformer", *CROSSFORMER))
+    layout = model_layout(cfg.data, build_dataset(cfg.data, "train_period"))
+    deterministic = build_model(cfg.model, **layout)
+    torch.save({"epoch": 0, "model_state_dict": deterministic.state_dict()}, tmp_path / "checkpoint.pt")
+    run = tmp_path / "ensemble"
+    run_training(compose_config(tiny_data_overrides(
+        tiny_data, "model=crossformer-ensemble", *CROSSFORMER, "model.noise_latent_dim=4", "trainer.max_steps=2",
+        "trainer.valid_every_n_steps=0", "trainer.ensemble_size=2", "trainer.loss.function=kcrps",
+        f"trainer.resume={tmp_path / 'checkpoint.pt'}", f"run_dir={run}")))
+    assert "noise weights start from their initialisation" in capfd.readouterr().out  # logs: stdout
+    rows = read_metrics(run / "metrics.csv")
+    assert [r["step"] for r in rows if r["split"] == "train"] == ["1", "2"]

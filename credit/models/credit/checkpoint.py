@@ -11,6 +11,7 @@ never uses it) is dropped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from credit.models.credit.postblocks import build_post_blocks
 # path components that DDP, torch.compile, FSDP1 and activation checkpointing insert
 _WRAPPERS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
 _UNUSED_PREFIXES = ("cube_embedding.",)
+log = logging.getLogger(__name__)
 
 
 class CreditCheckpointError(ValueError):
@@ -96,10 +98,18 @@ def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_credit_weights(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
-    """Remap and load strictly; one error naming what differs."""
+    """Remap and load strictly; one error naming what differs. The one exception is CREDIT's:
+    a deterministic CrossFormer's checkpoint into `crossformer-ensemble` (CREDIT loads with
+    strict=False and warns of the missing keys), whose noise layers then start fresh."""
     state = remap_conv_state_dict(state)
     own = model.state_dict()
+    fresh = tuple(getattr(model, "fresh_weight_prefixes", ()))
     missing = sorted(set(own) - set(state))
+    if fresh and missing and all(key.startswith(fresh) for key in missing):
+        log.warning("%s holds no weights of the model's noise layers (a deterministic CrossFormer's checkpoint): "
+                    "its %d noise weights start from their initialisation, as CREDIT loads it", where, len(missing))
+        state = {**state, **{key: own[key] for key in missing}}
+        missing = []
     unexpected = sorted(set(state) - set(own))
     shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
     if missing or unexpected or shapes:

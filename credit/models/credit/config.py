@@ -7,6 +7,7 @@
 | `crossformer` | `credit.models.crossformer.CrossFormer` (the older CrossFormer) | `credit.models.credit.crossformer.CrossFormer` |
 | `wxformer`, `wxformer_base` | `credit.models.wxformer.crossformer.CrossFormer` | `credit.models.credit.wxformer.WXFormer` |
 | `nextgen_wxformer` | `credit.models.wxformer.wxformer_next.NextGenWXFormer` | `credit.models.credit.wxformer_next.WXFormerNext` |
+| `crossformer-ensemble`, `crossformer-style` | `credit.models.wxformer.crossformer_ensemble.CrossFormerWithNoise` | `credit.models.credit.crossformer_ensemble.CrossFormerEnsemble` |
 
 Any other type of CREDIT's registry is refused with one line naming it. The keys are
 CREDIT's constructor arguments with CREDIT's meanings and, where a key is absent, CREDIT's
@@ -29,6 +30,7 @@ from torch import nn
 
 from credit.models.padding import BoundaryPadding
 from credit.models.credit.crossformer import CrossFormer
+from credit.models.credit.crossformer_ensemble import CrossFormerEnsemble
 from credit.models.credit.postblocks.settings import (FIXERS, OTHER_MODULES, PostBlockConfigError, active_fixers,
                                                resolve_path)
 from credit.models.spectral_norm import apply_spectral_norm
@@ -37,16 +39,16 @@ from credit.models.credit.wxformer_next import WXFormerNext
 
 log = logging.getLogger(__name__)
 
-TYPES = ("crossformer", "wxformer", "nextgen_wxformer")  # this project's names: CREDIT's registry names
-ALIASES = {"wxformer_base": "wxformer"}  # CREDIT's registry maps both to one class
+TYPES = ("crossformer", "wxformer", "nextgen_wxformer", "crossformer-ensemble")  # CREDIT's registry names
+ALIASES = {"wxformer_base": "wxformer", "crossformer-style": "crossformer-ensemble"}  # one class each
 CREDIT_CLASSES = {
     "crossformer": "credit.models.crossformer.CrossFormer",
     "wxformer": "credit.models.wxformer.crossformer.CrossFormer",
     "nextgen_wxformer": "credit.models.wxformer.wxformer_next.NextGenWXFormer",
+    "crossformer-ensemble": "credit.models.wxformer.crossformer_ensemble.CrossFormerWithNoise",
 }
 # the rest of CREDIT's registry (miles-credit 5e14b83c): named in the refusal
-OTHER_CREDIT_TYPES = ("camulator", "crossformer-diffusion", "crossformer-ensemble", "crossformer-style",
-                      "crossformer_downscaling", "debugger", "dscale", "fuxi", "graph", "swin", "unet",
+OTHER_CREDIT_TYPES = ("camulator", "crossformer-diffusion", "crossformer_downscaling", "debugger", "dscale", "fuxi", "graph", "swin", "unet",
                       "unet-diffusion", "unet404", "unet_downscaling", "wrf")
 
 # CREDIT's constructor defaults (miles-credit 5e14b83c), per architecture.
@@ -64,6 +66,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "nextgen_wxformer": {**_SHARED, "col_attn_heads": 4, "col_attn_stride": 1, "decoder_col_attn": False,
                          "num_spectral_nodes": 64},
 }
+DEFAULTS["crossformer-ensemble"] = {**DEFAULTS["crossformer"], "noise_latent_dim": 128, "encoder_noise_factor": 0.05,
+                                    "decoder_noise_factor": 0.275, "encoder_noise": True, "freeze": True,
+                                    "correlated": False}
 # keys the two CrossFormers act on, whose only supported value is the inactive one:
 # key -> (is it active?, allowed). NextGenWXFormer reads none of them.
 _INACTIVE_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -72,9 +77,10 @@ _INACTIVE_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "output_frames": (lambda v: int(v) != 1, "1"),
     "diffusion": (lambda v: bool(v), "false"),
 }
-_ACTS_ON_INACTIVE = {"crossformer": set(_INACTIVE_ONLY), "wxformer": set(_INACTIVE_ONLY), "nextgen_wxformer": set()}
+_ACTS_ON_INACTIVE = {"crossformer": set(_INACTIVE_ONLY), "wxformer": set(_INACTIVE_ONLY), "nextgen_wxformer": set(),
+                     "crossformer-ensemble": set(_INACTIVE_ONLY)}
 # the classes whose forward runs CREDIT's post blocks (NextGenWXFormer ignores `post_conf`)
-POST_BLOCK_TYPES = ("crossformer", "wxformer")
+POST_BLOCK_TYPES = ("crossformer", "wxformer", "crossformer-ensemble")
 # the keys of each fixer's section this project reads (`credit.config.schema_model.PostConf`); the
 # water and energy fixers take their grid from the mass fixer's section, as CREDIT's do
 _CONSERVATION = ("activate", "activate_outside_model", "denorm", "specific_total_water_name", "surface_pressure_name")
@@ -309,6 +315,16 @@ def build_credit_model(kind: str, values: Mapping[str, Any], gemm: str = "fast")
                             upsample_v_conv=bool(values["upsample_v_conv"]),
                             attention_type=values["attention_type"], gemm=gemm)
         normalised = [model]
+    elif kind == "crossformer-ensemble":
+        model = CrossFormerEnsemble(
+            spec, noise_latent_dim=int(values["noise_latent_dim"]),
+            encoder_noise_factor=float(values["encoder_noise_factor"]),
+            decoder_noise_factor=float(values["decoder_noise_factor"]), encoder_noise=bool(values["encoder_noise"]),
+            freeze=bool(values["freeze"]), correlated=bool(values["correlated"]), interp=bool(values["interp"]),
+            padding=padding_from_conf(values["padding_conf"]), upsample_v_conv=bool(values["upsample_v_conv"]),
+            attention_type=values["attention_type"], gemm=gemm)
+        # CREDIT normalises the CrossFormer before it adds the noise layers
+        normalised = [model.layers, model.up_block1, model.up_block2, model.up_block3, model.up_block4]
     elif kind == "wxformer":
         model = WXFormer(spec, interp=bool(values["interp"]), padding=padding_from_conf(values["padding_conf"]),
                          gemm=gemm)
