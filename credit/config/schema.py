@@ -260,6 +260,9 @@ class RolloutConfig:
     init_times: List[str] = field(default_factory=list)  # ISO times; when given, init_range is unused
     init_range: InitRangeConfig = field(default_factory=InitRangeConfig)
     lead_steps: int = 8  # autoregressive steps of the data's time step
+    # ensemble members forecast from each init time (a noise-injecting model's: docs/ensembles.md);
+    # > 1 writes a realization dimension and scores CRPS, spread and spread-skill
+    members: int = 1
     output_dir: str = "${run_dir}/forecasts"
     overwrite: bool = False
     complevel: int = 4  # zlib level of the netCDF variables; 0: uncompressed

@@ -247,6 +247,7 @@ def validate_rollout(rollout: DictConfig) -> None:
     check(rollout.weights in ROLLOUT_WEIGHTS, "rollout.weights", rollout.weights,
            f"allowed: {list(ROLLOUT_WEIGHTS)}")
     check(rollout.lead_steps >= 1, "rollout.lead_steps", rollout.lead_steps, "must be >= 1")
+    check(rollout.members >= 1, "rollout.members", rollout.members, "must be >= 1")
     check(bool(rollout.output_dir), "rollout.output_dir", rollout.output_dir,
            "must be a directory path")
     check(0 <= rollout.complevel <= 9, "rollout.complevel", rollout.complevel,

@@ -276,9 +276,8 @@ def predict(value: Any, conf: Mapping[str, Any]):
     if value.get("save_forecast"):
         pairs.append(("rollout.output_dir", expand(value["save_forecast"])))
     members = int(value.get("ensemble_size") or 1)
-    if members > 1:
-        return (f"predict.ensemble_size: {members}; ensemble forecasts (CREDIT's rollout repeats each initial "
-                "state per member) are not written by credit rollout yet: give 1")
+    if members > 1:  # CREDIT's rollout repeats each initial state per member
+        pairs.append(("rollout.members", members))
     return pairs
 
 

@@ -79,24 +79,26 @@ class Forecaster:
         return self.physical(self._sample(first)["state"][-1])
 
     @torch.no_grad()
-    def leads(self, init: int, lead_steps: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(prediction, truth) per lead, each (C_target, H, W) physical float64."""
+    def leads(self, init: int, lead_steps: int, members: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(prediction, truth) per lead: (members, C_target, H, W) and (C_target, H, W),
+        physical float64. The members start from the same state; a noise-injecting model's
+        noise is keyed on (init time in seconds, lead, member)."""
         was_training = self.model.training
         self.model.eval()
         first = init - (self.history_len - 1) * self.step
         sample = self._sample(first)
-        state = sample["state"].unsqueeze(0).to(self.device)
+        state = sample["state"].unsqueeze(0).to(self.device).repeat_interleave(members, 0)
         initial_state = state  # CREDIT's outside-model mass fixer conserves the initial state's mass
-        static = sample["static"].unsqueeze(0).to(self.device)
+        static = sample["static"].unsqueeze(0).to(self.device).repeat_interleave(members, 0)
         try:
             for k in range(lead_steps):
                 sample = sample if k == 0 else self._sample(first + k * self.step)
                 forcing = sample["forcing"][: self.history_len + 1].unsqueeze(0).to(self.device)
-                # a noise-injecting model's noise, keyed on (init time in seconds, lead)
-                with dropout_step(self.seed, int(init) // 1_000_000_000 * 4096 + k, 0, 1):
-                    prediction = predict(self.model, state, forcing, static, initial_state).float()
+                with dropout_step(self.seed, int(init) // 1_000_000_000 * 4096 + k, 0, members):
+                    prediction = predict(self.model, state, forcing.repeat_interleave(members, 0), static,
+                                         initial_state).float()
                 newest = prediction[:, : self.state_channels].unsqueeze(1)
                 state = torch.cat([state[:, 1:], newest], dim=1)
-                yield self.physical(prediction[0]), self.physical(sample["target"][0])
+                yield np.stack([self.physical(p) for p in prediction]), self.physical(sample["target"][0])
         finally:
             self.model.train(was_training)

@@ -67,8 +67,13 @@ def forecast_dataset(
     global_attrs: Mapping[str, str],
 ) -> xr.Dataset:
     """(lead, channel, lat, lon) physical `values` in the dataset's channel order (upper-air
-    variables level by level, then `flat` surface and diagnostic ones) as a CF dataset."""
-    leads = np.arange(1, values.shape[0] + 1) * np.timedelta64(int(step), "ns")
+    variables level by level, then `flat` surface and diagnostic ones) as a CF dataset; an
+    ensemble's (lead, member, channel, lat, lon) gets CF's `realization` dimension first."""
+    members = values.shape[1] if values.ndim == 5 else None
+    if members is not None:
+        values = np.moveaxis(values, 1, 0)  # (member, lead, channel, lat, lon)
+    lead_axis = ("realization", "lead_time") if members is not None else ("lead_time",)
+    leads = np.arange(1, values.shape[len(lead_axis) - 1] + 1) * np.timedelta64(int(step), "ns")
     init_time = np.datetime64(int(init), "ns")
     coords = {
         "lead_time": ("lead_time", leads, {"long_name": "forecast lead time",
@@ -85,16 +90,19 @@ def forecast_dataset(
     }
     if not upper_air:
         del coords["level"]
+    if members is not None:
+        coords["realization"] = ("realization", np.arange(members, dtype=np.int32),
+                                 {"long_name": "ensemble member", "standard_name": "realization"})
     data_vars = {}
     n_levels = len(levels)
     for i, name in enumerate(upper_air):
-        block = values[:, i * n_levels:(i + 1) * n_levels].astype(np.float32)
-        data_vars[name] = (("lead_time", "level", "latitude", "longitude"), block,
+        block = values[..., i * n_levels:(i + 1) * n_levels, :, :].astype(np.float32)
+        data_vars[name] = ((*lead_axis, "level", "latitude", "longitude"), block,
                            attributes.variables.get(name, {}))
     offset = len(upper_air) * n_levels
     for j, name in enumerate(flat):
-        data_vars[name] = (("lead_time", "latitude", "longitude"),
-                           values[:, offset + j].astype(np.float32), attributes.variables.get(name, {}))
+        data_vars[name] = ((*lead_axis, "latitude", "longitude"),
+                           values[..., offset + j, :, :].astype(np.float32), attributes.variables.get(name, {}))
     return xr.Dataset(data_vars, coords=coords, attrs={"Conventions": "CF-1.8", **global_attrs})
 
 
@@ -112,8 +120,9 @@ def write_forecast(ds: xr.Dataset, path: Path, *, complevel: int, overwrite: boo
         "latitude": {"_FillValue": None},
         "longitude": {"_FillValue": None},
     }
-    if "level" in ds.coords:
-        encoding["level"] = {"_FillValue": None}
+    for coordinate in ("level", "realization"):
+        if coordinate in ds.coords:
+            encoding[coordinate] = {"_FillValue": None}
     for name in ds.data_vars:
         encoding[name] = {"dtype": "float32", "zlib": complevel > 0,
                           **({"complevel": complevel} if complevel > 0 else {})}

@@ -1,4 +1,5 @@
-"""Figures of a rollout: RMSE against lead time, and one forecast/truth/difference map."""
+"""Figures of a rollout: RMSE against lead time (an ensemble's spread and CRPS too), and one
+forecast/truth/difference map."""
 
 from __future__ import annotations
 
@@ -17,6 +18,21 @@ _STYLES = {"model": ("C0", "-"), "persistence": ("C1", "--"), "climatology": ("C
 
 def plot_rmse_vs_lead(rows: Sequence[dict[str, object]], path: Path) -> None:
     """One panel per channel: RMSE of model, persistence and climatology against lead hours."""
+    series = {name: (f"rmse_{name}", color, style) for name, (color, style) in _STYLES.items()}
+    _panels(rows, series, "latitude-weighted RMSE", path)
+
+
+def plot_spread_skill(rows: Sequence[dict[str, object]], path: Path) -> None:
+    """An ensemble's panels: the RMSE of its mean, its spread and its CRPS against lead hours
+    (spread near RMSE: a reliable ensemble; skill.csv's spread_skill is their ratio)."""
+    series = {"RMSE of the mean": ("rmse_model", "C0", "-"), "spread": ("spread", "C3", "--"),
+              "CRPS": ("crps", "C4", ":")}
+    _panels(rows, series, "ensemble: latitude-weighted RMSE of the mean, spread and CRPS", path)
+
+
+def _panels(rows: Sequence[dict[str, object]], series: dict[str, tuple[str, str, str]], title: str,
+            path: Path) -> None:
+    """One panel per channel, each `series` label's column (color, line style) against lead hours."""
     channels = list(dict.fromkeys(str(r["channel"]) for r in rows))
     cols = min(4, len(channels))
     nrows = math.ceil(len(channels) / cols)
@@ -24,10 +40,10 @@ def plot_rmse_vs_lead(rows: Sequence[dict[str, object]], path: Path) -> None:
     for ax, channel in zip(axes.flat, channels):
         mine = [r for r in rows if r["channel"] == channel]
         hours = [float(r["lead_hours"]) for r in mine]
-        for name, (color, style) in _STYLES.items():
-            values = [float(r[f"rmse_{name}"]) if r[f"rmse_{name}"] != "" else np.nan for r in mine]
+        for label, (column, color, style) in series.items():
+            values = [float(r[column]) if r[column] != "" else np.nan for r in mine]
             if not all(np.isnan(values)):
-                ax.plot(hours, values, style, color=color, marker=".", label=name)
+                ax.plot(hours, values, style, color=color, marker=".", label=label)
         ax.set_title(f"{channel} [{mine[0]['units']}]", fontsize=9)
         ax.set_xlabel("lead time (h)", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -35,7 +51,7 @@ def plot_rmse_vs_lead(rows: Sequence[dict[str, object]], path: Path) -> None:
     for ax in list(axes.flat)[len(channels):]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle("latitude-weighted RMSE", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

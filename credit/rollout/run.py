@@ -30,7 +30,7 @@ from credit.rollout.errors import RolloutError
 from credit.rollout.forecast import Forecaster, rollout_dataset
 from credit.rollout.model import build_forecast_model, choose_weights
 from credit.rollout.netcdf import forecast_dataset, input_attributes, write_forecast
-from credit.rollout.plots import plot_map, plot_rmse_vs_lead
+from credit.rollout.plots import plot_map, plot_rmse_vs_lead, plot_spread_skill
 from credit.rollout.skill import SkillAccumulator, write_skill_csv
 from credit.rollout.times import check_coverage, data_times, fmt, forecast_filename, init_times, time_step
 
@@ -140,6 +140,8 @@ def _write_skill(result: RolloutResult, skill: SkillAccumulator, plan: _Plan, da
     result.skill = skill.rows()
     write_skill_csv(result.skill, out / "skill.csv")
     plot_rmse_vs_lead(result.skill, out / "rmse_vs_lead.png")
+    if skill.members > 1:
+        plot_spread_skill(result.skill, out / "spread_skill_vs_lead.png")
     stamp = forecast_filename(plan.inits[0])[len("forecast_"):-len(".nc")]
     hours = lead_steps * dataset.step_ns / HOUR_NS
     plot_map(*map_fields, dataset.latitude, dataset.longitude,
@@ -158,6 +160,9 @@ def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
     model = build_forecast_model(cfg, dataset, runtime)
     load_forecast_weights(model, plan.checkpoint, plan.weights)
     forecaster = Forecaster(model, dataset, runtime.device, seed=cfg.trainer.seed)
+    if ro.members > 1 and not getattr(model, "injects_noise", False) and runtime.is_main:
+        log.warning("rollout.members=%d with %s, which draws no noise at inference: every member is the same "
+                    "forecast (model=crossformer-ensemble draws noise)", ro.members, cfg.model.name)
     result = RolloutResult(plan.checkpoint, plan.weights, Path(ro.output_dir))
     main = runtime.is_main
     attributes = input_attributes(data) if main else None
@@ -172,10 +177,13 @@ def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
     for init in tqdm(plan.inits, desc="rollout", unit="init", disable=not (main and ro.progress_bar)):
         persistence = forecaster.persistence(init) if skill is not None else None
         predictions = []
-        for k, (prediction, truth) in enumerate(forecaster.leads(init, ro.lead_steps)):
-            predictions.append(prediction.astype(np.float32))
+        for k, (members, truth) in enumerate(forecaster.leads(init, ro.lead_steps, ro.members)):
+            prediction = members.mean(axis=0) if ro.members > 1 else members[0]  # the ensemble mean
+            predictions.append((members if ro.members > 1 else prediction).astype(np.float32))
             if skill is not None:
                 skill.add(k, prediction, truth, persistence)
+                if ro.members > 1:
+                    skill.add_members(k, members, truth)
                 if init == plan.inits[0] and k == ro.lead_steps - 1:
                     map_fields = (prediction[map_index], truth[map_index])
         if main:
@@ -192,8 +200,9 @@ def _rollout(cfg: DictConfig, runtime: Runtime) -> RolloutResult:
     _barrier()
     dataset.close()
     if main:
+        figures = ", skill.csv, rmse_vs_lead.png" + (", spread_skill_vs_lead.png" if ro.members > 1 else "") + ", map"
         log.info("forecasts in %s (%d files%s)", result.output_dir, len(result.forecasts),
-                 ", skill.csv, rmse_vs_lead.png, map" if skill is not None else "")
+                 figures if skill is not None else "")
     return result
 
 

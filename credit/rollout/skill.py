@@ -7,6 +7,12 @@ truth o and climatology c:
   ACC = sum(w f'o') / sqrt(sum(w f'^2) sum(w o'^2)),  f' = f - c, o' = o - c,
 averaged over init times. The climatology's own ACC is undefined (f' = 0) and left empty,
 as is persistence for diagnostic channels (they are not model inputs).
+
+An ensemble (m members x_1..x_m) is scored by its mean (the model's RMSE and ACC), by the
+fair CRPS, mean(w (mean_i |x_i - o| - sum_i (2i - m - 1) x_(i) / (m (m - 1)))) over the
+members sorted, averaged over init times, by its spread, sqrt(mean over init times of
+mean(w var_i x_i)) with the unbiased variance, and by the spread-skill ratio
+sqrt((m + 1) / m) x spread / RMSE of the mean (1 for a reliable ensemble: Fortin et al. 2014).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from credit.data import latitude_weights
 
 FORECASTS = ("model", "persistence", "climatology")
 COLUMNS = ["lead_step", "lead_hours", "variable", "level", "channel", "units",
-           *(f"rmse_{f}" for f in FORECASTS), *(f"acc_{f}" for f in FORECASTS), "n_init"]
+           *(f"rmse_{f}" for f in FORECASTS), *(f"acc_{f}" for f in FORECASTS), "crps", "spread", "spread_skill",
+           "n_init"]
 
 
 class SkillAccumulator:
@@ -42,6 +49,9 @@ class SkillAccumulator:
         self.mse = np.zeros(shape)
         self.acc = np.zeros(shape)
         self.count = np.zeros(lead_steps, dtype=np.int64)
+        self.members = 1
+        self.crps = np.zeros((lead_steps, len(channels)))
+        self.variance = np.zeros((lead_steps, len(channels)))
 
     def _scores(self, forecast: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per channel MSE and ACC of (C, H, W) physical fields."""
@@ -63,6 +73,18 @@ class SkillAccumulator:
             self.acc[i, lead, : len(field)] += acc
         self.count[lead] += 1
 
+    def add_members(self, lead: int, members: np.ndarray, truth: np.ndarray) -> None:
+        """An ensemble's fair CRPS and spread at lead `lead`: (m, C, H, W) members and (C, H, W)
+        truth (call `add` with their mean as well)."""
+        m = members.shape[0]
+        self.members = m
+        w = self.weights
+        ordered = np.sort(members, axis=0)
+        rank = np.arange(1, m + 1, dtype=np.float64).reshape(-1, 1, 1, 1)
+        crps = np.abs(members - truth).mean(axis=0) - ((2 * rank - m - 1) * ordered).sum(axis=0) / (m * (m - 1))
+        self.crps[lead] += (w * crps).mean(axis=(1, 2))
+        self.variance[lead] += (w * members.var(axis=0, ddof=1)).mean(axis=(1, 2))
+
     def rows(self) -> list[dict[str, object]]:
         """One row per (lead, channel) with every COLUMNS entry ("" where undefined)."""
         rows = []
@@ -80,6 +102,13 @@ class SkillAccumulator:
                     row[f"rmse_{name}"] = math.sqrt(self.mse[i, lead, c] / n) if defined else ""
                     acc = self.acc[i, lead, c] / n
                     row[f"acc_{name}"] = acc if defined and name != "climatology" and np.isfinite(acc) else ""
+                ensemble = self.members > 1
+                spread = math.sqrt(self.variance[lead, c] / n)
+                rmse = row["rmse_model"]
+                row["crps"] = self.crps[lead, c] / n if ensemble else ""
+                row["spread"] = spread if ensemble else ""
+                row["spread_skill"] = (math.sqrt((self.members + 1) / self.members) * spread / rmse
+                                       if ensemble and rmse else "")
                 rows.append(row)
         return rows
 

@@ -152,7 +152,6 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
     ({"trainer": {"amp": True}}, "trainer.amp: true"),
     ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
     ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4 with loss.training_loss"),
-    ({"predict": {"ensemble_size": 3}}, "predict.ensemble_size: 3"),
     ({"trainer": {"compile": True}}, "trainer.compile: true"),
     ({"trainer": {"mode": "domain_parallel", "domain_parallel_size": 2}},
      "trainer.mode: 'domain_parallel'; CREDIT's domain parallelism computes long-distance attention within"),

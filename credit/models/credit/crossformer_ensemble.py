@@ -85,6 +85,7 @@ class CrossFormerEnsemble(CrossFormer):
     credit_type = "crossformer-ensemble"
     # what a deterministic CrossFormer's checkpoint lacks (credit.models.credit.checkpoint loads it)
     fresh_weight_prefixes = ("encoder_noise_layers.", "noise_inject")
+    injects_noise = True  # in evaluation too: `credit rollout` members differ
 
     def __init__(self, spec: CreditSpec, *, noise_latent_dim: int = 128, encoder_noise_factor: float = 0.05,
                  decoder_noise_factor: float = 0.275, encoder_noise: bool = True, freeze: bool = True,
