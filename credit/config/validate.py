@@ -321,6 +321,10 @@ def validate_config(cfg: DictConfig) -> None:
         check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
                "model.gemm=deterministic computes in fp32; use 'none'")
     validate_data(cfg.data)
+    if cfg.model.name == "crossformer-ensemble":
+        check(cfg.data.history_len == 1, "data.history_len", cfg.data.history_len,
+              "1 with model=crossformer-ensemble (CREDIT's class averages input frames in pairs where its encoder "
+              "takes them stacked: it runs with frames 1 only)")
     validate_rollout(cfg.rollout)
     validate_sdc(cfg.diagnostics.sdc, cfg.trainer.checkpoint.every_n_steps)
     variables = cfg.data.variables

@@ -108,6 +108,8 @@ def test_members_repeat_the_inputs_member_minor_and_keep_one_target():
      "trainer.loss.crps_alpha=0.9"),
     (["trainer.ensemble_size=2", "trainer.loss.function=almost_fair_crps", "trainer.loss.crps_alpha=0"],
      "trainer.loss.crps_alpha=0"),
+    (["model=crossformer-ensemble", "data.history_len=2"], "data.history_len=2"),
+    (["rollout.members=0"], "rollout.members=0"),
 ])
 def test_a_bad_ensemble_key_is_one_error_naming_it(overrides, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
