@@ -323,7 +323,9 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
         variables = list(dict.fromkeys(self.channel_variables))
-        extra = SDC_COLUMNS if self.sdc is not None else ()
+        extra = list(SDC_COLUMNS) if self.sdc is not None else []
+        if self.cfg.trainer.ensemble_size > 1:
+            extra += [f"spread_{v}" for v in variables]  # validation's members' spread
         return MetricsLog(self.run_dir / "metrics.csv", variables, self.step or None, extra)
 
     def fit(self) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """Validation on held-out times: RMSE per variable for the model and for persistence, at the
 validation lead (`data.valid_forecast_len` autoregressive steps; the last one is scored, as
 CREDIT's trainers score it). An ensemble's members are forecast as in training (inputs
-repeated per member, CREDIT's validation too); its RMSE is the ensemble mean's."""
+repeated per member, CREDIT's validation too); its RMSE is the ensemble mean's, and
+`spread_<var>` is the members' spread (the unbiased variance over members, pooled as the RMSE)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def evaluate(
     std = torch.as_tensor(np.asarray(target_std), dtype=torch.float64).view(1, -1, 1, 1)
     weights = lat_weights.to(torch.float64).view(1, 1, -1, 1)
     model_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
+    spread_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
     persist_sq = torch.zeros(state_channels, dtype=torch.float64)
     points = offset = 0
     loss_sum, loss_count = 0.0, 0
@@ -69,8 +71,12 @@ def evaluate(
             *_, members_prediction = forecast_steps(model, with_members(batch, members), lead)
         offset += rows
         prediction = members_prediction
+        spread_per_sample = None
         if members > 1:
-            prediction = members_prediction.view(target.shape[0], members, *target.shape[1:]).mean(1)
+            grouped = members_prediction.view(target.shape[0], members, *target.shape[1:])
+            prediction = grouped.mean(1)
+            variance = grouped.double().cpu().var(dim=1) * std**2  # unbiased, physical units
+            spread_per_sample = (variance * weights).sum(dim=(2, 3))
         error = (prediction.double().cpu() - target.double().cpu()) * std
         persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
         persistence = persistence * std[:, :state_channels]
@@ -80,6 +86,8 @@ def evaluate(
         for i in range(target.shape[0]):
             loss_sum += float(loss_fn(members_prediction[i * members : (i + 1) * members], target[i : i + 1]))
             model_sq += model_per_sample[i]
+            if spread_per_sample is not None:
+                spread_sq += spread_per_sample[i]
             persist_sq += persist_per_sample[i]
         loss_count += target.shape[0]
         points += target.shape[0] * target.shape[2] * target.shape[3]
@@ -90,6 +98,8 @@ def evaluate(
     for variable in dict.fromkeys(channel_variables):
         chans = [i for i, v in enumerate(channel_variables) if v == variable]
         results[f"rmse_{variable}"] = math.sqrt(float(model_sq[chans].sum()) / (points * len(chans)))
+        if members > 1:  # the members' spread, pooled as the RMSE is
+            results[f"spread_{variable}"] = math.sqrt(float(spread_sq[chans].sum()) / (points * len(chans)))
         if all(c < state_channels for c in chans):
             mse = persist_sq[chans].sum() / (points * len(chans))
             results[f"persistence_rmse_{variable}"] = math.sqrt(float(mse))

@@ -132,6 +132,8 @@ def test_an_ensemble_trains_and_its_members_differ_through_dropout(tmp_path, tin
         first[name] = float(read_metrics(run / "metrics.csv")[0]["loss"])
     assert first["agree"] == first["mae"] > 0
     assert first["dropout"] != first["agree"]
+    # validation runs without dropout: the members agree, their spread is 0
+    assert float(read_metrics(tmp_path / "agree" / "metrics.csv", split="valid")[-1]["spread_t2m"]) == 0.0
     with dropout_step(seed=42, step=0, sample_offset=0, local_batch=2):  # one sample's two members
         keep = keep_mask((2, 3, 64), 0.5, layer=1)
     assert not torch.equal(keep[0], keep[1])
@@ -162,3 +164,5 @@ def test_credits_ensemble_fine_tunes_from_a_deterministic_crossformer(tmp_path, 
     assert "noise weights start from their initialisation" in capfd.readouterr().out  # logs: stdout
     rows = read_metrics(run / "metrics.csv")
     assert [r["step"] for r in rows if r["split"] == "train"] == ["1", "2"]
+    valid = read_metrics(run / "metrics.csv", split="valid")[-1]  # the noise spreads the members
+    assert float(valid["spread_t2m"]) > 0 and float(valid["rmse_t2m"]) > 0
