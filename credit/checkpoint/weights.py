@@ -43,7 +43,7 @@ from credit.checkpoint.manager import (
 from credit.checkpoint.strict import check_stored_weights, check_weights, model_shapes
 from credit.data import model_layout
 from credit.models import build_model
-from credit.models.credit.checkpoint import CreditCheckpointError, read_credit_state_dict
+from credit.models.credit.checkpoint import CreditCheckpointError, may_start_fresh, read_credit_state_dict
 from credit.models.credit.remap import RemapError, remap_conv_state_dict
 
 log = logging.getLogger(__name__)
@@ -98,14 +98,9 @@ def load_weights_file(model: nn.Module, path: str | Path) -> None:
     except (RemapError, CreditCheckpointError) as error:
         raise CheckpointError(f"{path}: {error}" if str(path) not in str(error) else str(error)) from None
     shapes = model_shapes(model)
-    # CREDIT's ensemble starts from a deterministic CrossFormer's checkpoint, its noise layers
-    # fresh (CREDIT loads strict=False): the one set of keys a file may lack
-    fresh = tuple(getattr(model, "fresh_weight_prefixes", ()))
     absent = [k for k in shapes if k not in state]
-    strict = not (fresh and absent and all(k.startswith(fresh) for k in absent))
+    strict = not may_start_fresh(model, absent, str(path))
     if not strict:
-        log.warning("%s holds no weights of the model's noise layers (a deterministic CrossFormer's checkpoint): "
-                    "its %d noise weights start from their initialisation, as CREDIT loads it", path, len(absent))
         shapes = {k: v for k, v in shapes.items() if k not in absent}
     check_weights(shapes, {k: tuple(v.shape) for k, v in state.items()}, str(path))
     set_model_state_dict(

@@ -97,17 +97,26 @@ def read_credit_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {key: tensor for key, tensor in state.items() if not is_unused_credit_key(key)}
 
 
+def may_start_fresh(model: nn.Module, missing: list[str], where: str) -> bool:
+    """Whether every key `missing` from the checkpoint `where` is one the model may start
+    without: `crossformer-ensemble`'s noise layers, which a deterministic CrossFormer's
+    checkpoint lacks (CREDIT loads it strict=False). Warns once when so."""
+    fresh = tuple(getattr(model, "fresh_weight_prefixes", ()))
+    if not (fresh and missing and all(key.startswith(fresh) for key in missing)):
+        return False
+    log.warning("%s holds no weights of the model's noise layers (a deterministic CrossFormer's checkpoint): "
+                "its %d noise weights start from their initialisation, as CREDIT loads it", where, len(missing))
+    return True
+
+
 def load_credit_weights(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
     """Remap and load strictly; one error naming what differs. The one exception is CREDIT's:
     a deterministic CrossFormer's checkpoint into `crossformer-ensemble` (CREDIT loads with
     strict=False and warns of the missing keys), whose noise layers then start fresh."""
     state = remap_conv_state_dict(state)
     own = model.state_dict()
-    fresh = tuple(getattr(model, "fresh_weight_prefixes", ()))
     missing = sorted(set(own) - set(state))
-    if fresh and missing and all(key.startswith(fresh) for key in missing):
-        log.warning("%s holds no weights of the model's noise layers (a deterministic CrossFormer's checkpoint): "
-                    "its %d noise weights start from their initialisation, as CREDIT loads it", where, len(missing))
+    if may_start_fresh(model, missing, where):
         state = {**state, **{key: own[key] for key in missing}}
         missing = []
     unexpected = sorted(set(state) - set(own))
