@@ -116,8 +116,11 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             model.train()
             ema = EMA(model, trainer.ema.decay) if trainer.ema.enabled else None
             optimizer = build_optimizer(model, trainer.optimizer, deterministic)
-            for p in model.parameters():  # Adam's moments exist from the first step on
-                p.grad = torch.zeros_like(p)
+            # Adam's moments exist from the first step on, for the parameters that train (a
+            # frozen one, `model.freeze`, never gets a gradient, so never a moment)
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic

@@ -52,3 +52,18 @@ def test_tensor_and_sequence_parallelism_divide_the_step_memory():
     assert tp4sp.activation < 0.45 * one.activation and tp4.activation < 0.75 * one.activation, traces
     assert tp4sp.activation < 0.7 * tp4.activation, traces
     assert tp4sp.sent["tp"] > 0 and not one.sent
+
+
+def test_frozen_parameters_hold_no_optimizer_state_in_the_plan_as_in_a_step(tiny_data):
+    """crossformer-ensemble with `model.freeze` (CREDIT's fine-tuning: only the noise layers
+    train): the plan's parameter, gradient and optimizer bytes are a real step's, bytes for bytes;
+    the optimizer holds the moments of the trainable few, not of every parameter."""
+    overrides = tiny_data_overrides(tiny_data, "model=crossformer-ensemble", "model.dim=[16,32,64,128]",
+                                    "model.dim_head=8", "model.freeze=true", "trainer.ensemble_size=2",
+                                    "trainer.loss.function=kcrps", "trainer.batch_size=2")
+    measured = measure_step(overrides)
+    cfg = compose_config(overrides)
+    estimate = trace_step(cfg, sample_shapes(cfg, (16, 32)), 1)
+    assert (estimate.params, estimate.grads, estimate.optimizer) == \
+        (measured["params"], measured["grads"], measured["optimizer"]), (estimate, measured)
+    assert 0 < estimate.optimizer < 0.25 * estimate.params, estimate  # the moments of the noise layers only
