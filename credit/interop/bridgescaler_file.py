@@ -8,14 +8,23 @@ statistics differ; a var key is `SOURCE/FIELD_TYPE/3d|2d/NAME`. The z-score scal
 for a 2-D one) is read here; CREDIT's transform is `(x - mean) / sqrt(var)` and its inverse
 `x * sqrt(var) + mean`, in float32 with torch's sqrt. Quantile and min-max scalers, channels-last and per-grid-point
 scalers are refused by name.
+
+Files are written with bridgescaler (`write_standard_scalers`) but read by `read_scaler_file`
+here, which decodes bridgescaler's JSON encoding itself (a scaler per leaf, as a JSON string of
+its attributes; arrays as base64 bytes with numpy's dtype description). Hand-written because
+importing bridgescaler compiles the numba kernels of its quantile scalers, about 14 s of CPU
+in every process, so every rank of a run paid it before its first step; the tests check the
+two readers agree on every attribute a standard scaler has.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from base64 import b64decode
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,8 +87,7 @@ def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[n
     if not path.is_file():
         raise DataError(f"bridgescaler file {path} does not exist (CREDIT's `credit preprocess` fits and writes it)")
     try:
-        from bridgescaler import load_scaler_dict  # ~10 s of import (numba): only when a file is read
-        scalers = load_scaler_dict(str(path))
+        scalers = read_scaler_file(path)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise DataError(f"bridgescaler file {path} is not a scaler file bridgescaler reads: "
                         f"{type(err).__name__}: {err}") from None
@@ -88,16 +96,16 @@ def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[n
     out = {}
     for source in dict(scalers[data_type]).values():
         for key, scaler in dict(source).items():
-            kind = type(scaler).__name__
+            kind = scaler.get("type")
             if kind != "DStandardScalerTensor":
                 raise DataError(f"{path}: {data_type} scaler of {key} is a {kind}; the z-score scaler "
                                 "(DStandardScalerTensor, CREDIT's default scaler_type: standard) is read here")
-            if getattr(scaler, "channels_last", False):
+            if scaler.get("channels_last", False):
                 raise DataError(f"{path}: {data_type} scaler of {key} was fitted channels-last (one statistic per "
                                 "longitude of CREDIT's (level, time, lat, lon) tensors); CREDIT's tensors are "
                                 "channels-first (scaler_params.channels_last: false)")
-            mean = np.asarray(scaler.mean_x_, dtype=np.float32).reshape(-1)
-            var = np.asarray(scaler.var_x_, dtype=np.float32).reshape(-1)
+            mean = np.asarray(scaler["mean_x_"], dtype=np.float32).reshape(-1)
+            var = np.asarray(scaler["var_x_"], dtype=np.float32).reshape(-1)
             bad = np.flatnonzero(~np.isfinite(var) | (var <= 0) | ~np.isfinite(mean))
             if bad.size:
                 raise DataError(f"{path}: {data_type} scaler of {key} has variance {float(var[bad[0]])} and mean "
@@ -107,6 +115,38 @@ def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[n
             # rounded (1 ulp off on AVX2), so numpy's would differ from CREDIT's in the last bit
             out[key] = (mean, torch.sqrt(torch.from_numpy(var)).numpy())
     return out
+
+
+def _decoded(fields: dict[str, Any]) -> Any:
+    """A JSON object of a scaler's attributes, with bridgescaler's encoded numpy values decoded
+    (a base64 buffer, its dtype description and shape; a shape of () is one number)."""
+    if "__numpy__" in fields:
+        values = np.frombuffer(b64decode(fields["__numpy__"]), np.lib.format.descr_to_dtype(fields["dtype"])).copy()
+        return values.reshape(fields["shape"]) if fields["shape"] else values[0]
+    if fields.get("object") == "ndarray":
+        return np.array(fields["data"], dtype=fields["dtype"]).reshape(fields["shape"])
+    return fields
+
+
+def read_scaler_file(path: str | Path) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """{data type: {source: {var key: the scaler's attributes}}} of a bridgescaler file, as
+    bridgescaler's `load_scaler_dict` nests it; each scaler a dict of what `read_scaler` would set
+    on it (`type` its class name, arrays as numpy arrays). JSON errors, and a leaf that is not a
+    scaler, raise ValueError, TypeError or KeyError."""
+    with open(path) as f:
+        nested = json.load(f)
+
+    def leaves(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: leaves(value) for key, value in node.items()}
+        if not isinstance(node, str):
+            raise TypeError(f"a leaf of type {type(node).__name__}, not a scaler's JSON string")
+        scaler = json.loads(node, object_hook=_decoded)
+        if not isinstance(scaler, dict) or "type" not in scaler:
+            raise KeyError("a leaf without the scaler's 'type'")
+        return scaler
+
+    return leaves(nested)
 
 
 def write_standard_scalers(path: str | Path, scalers: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]) -> None:

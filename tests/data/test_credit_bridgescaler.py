@@ -186,3 +186,37 @@ def test_a_string_selection_is_what_credit_makes_of_it():
     refusal = map_credit_file(conf).refused[0]
     assert refusal.startswith("preblocks.per_step.scaler.args.variables: 'ERA5/prognostic/2d/SP' selects none")
     assert "list of its characters" in refusal
+
+
+@pytest.mark.parametrize("made_by", ["fixture", "write_standard_scalers"])
+def test_the_file_reads_as_bridgescaler_reads_it(tmp_path, made_by):
+    """`read_scaler_file` (no bridgescaler import, so no numba compilation in every rank) gives
+    every attribute bridgescaler's `load_scaler_dict` sets, with the same values and dtypes: on
+    the fixture's file (written by CREDIT's scaler code) and on one this project writes."""
+    from bridgescaler import load_scaler_dict
+
+    from credit.interop.bridgescaler_file import read_scaler_file, write_standard_scalers
+
+    path = FIXTURE / "scaler.json"
+    if made_by == "write_standard_scalers":
+        path = tmp_path / "written.json"
+        write_standard_scalers(path, {"input": {"ERA5/prognostic/3d/T": (np.arange(3.0) + 250, np.ones(3) * 12.5)},
+                                      "target": {"ERA5/prognostic/2d/SP": (np.array([1e5]), np.array([900.0]))}})
+    theirs, ours = load_scaler_dict(str(path)), read_scaler_file(path)
+    assert theirs.keys() == ours.keys() and all(theirs[t].keys() == ours[t].keys() for t in theirs)
+    compared = 0
+    for data_type, sources in theirs.items():
+        for source, scalers in sources.items():
+            assert scalers.keys() == ours[data_type][source].keys()
+            for key, scaler in scalers.items():
+                fields = ours[data_type][source][key]
+                assert fields["type"] == type(scaler).__name__
+                assert set(fields) - {"type"} == set(vars(scaler)), key
+                for name, value in vars(scaler).items():
+                    mine = fields[name]
+                    if isinstance(value, torch.Tensor):
+                        assert isinstance(mine, np.ndarray | np.generic) and torch.equal(torch.tensor(mine), value), name
+                        compared += 1
+                    else:
+                        assert mine == value and type(mine) is type(value), (key, name, mine, value)
+    assert compared >= 2 * 2  # at least the mean and variance of two scalers
