@@ -30,10 +30,38 @@ def plot_spread_skill(rows: Sequence[dict[str, object]], path: Path) -> None:
     _panels(rows, series, "ensemble: latitude-weighted RMSE of the mean, spread and CRPS", path)
 
 
+MAX_PANELS = 32
+"""Beyond this many channels, an upper-air variable is drawn at three of its levels."""
+
+
+def shown_channels(rows: Sequence[dict[str, object]], limit: int = MAX_PANELS) -> tuple[list[str], str]:
+    """The channels the figures draw, and a note for the title when some are left out. Every
+    channel up to `limit`; beyond it (CREDIT's files hold 16 to 137 levels a variable: hundreds
+    of panels, minutes of drawing), each upper-air variable at its first, middle and last level,
+    every single-level channel still drawn. skill.csv keeps every channel."""
+    channels = list(dict.fromkeys(str(r["channel"]) for r in rows))
+    if len(channels) <= limit:
+        return channels, ""
+    by_variable: dict[str, list[str]] = {}
+    for row in rows:
+        if str(row.get("level", "")) != "":
+            by_variable.setdefault(str(row["variable"]), [])
+            if row["channel"] not in by_variable[str(row["variable"])]:
+                by_variable[str(row["variable"])].append(str(row["channel"]))
+    kept = set()
+    for names in by_variable.values():
+        kept.update(names[i] for i in sorted({0, len(names) // 2, len(names) - 1}))
+    multi = {c for names in by_variable.values() for c in names}
+    shown = [c for c in channels if c in kept or c not in multi]
+    return shown, f" (3 levels of each upper-air variable; skill.csv has all {len(channels)} channels)"
+
+
 def _panels(rows: Sequence[dict[str, object]], series: dict[str, tuple[str, str, str]], title: str,
             path: Path) -> None:
-    """One panel per channel, each `series` label's column (color, line style) against lead hours."""
-    channels = list(dict.fromkeys(str(r["channel"]) for r in rows))
+    """One panel per shown channel (`shown_channels`), each `series` label's column (color, line
+    style) against lead hours."""
+    channels, note = shown_channels(rows)
+    title += note
     cols = min(4, len(channels))
     nrows = math.ceil(len(channels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.6 * nrows), squeeze=False)
@@ -44,7 +72,8 @@ def _panels(rows: Sequence[dict[str, object]], series: dict[str, tuple[str, str,
             values = [float(r[column]) if r[column] != "" else np.nan for r in mine]
             if not all(np.isnan(values)):
                 ax.plot(hours, values, style, color=color, marker=".", label=label)
-        ax.set_title(f"{channel} [{mine[0]['units']}]", fontsize=9)
+        units = mine[0]["units"]
+        ax.set_title(f"{channel} [{units}]" if units else channel, fontsize=9)
         ax.set_xlabel("lead time (h)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.yaxis.get_offset_text().set_fontsize(7)
