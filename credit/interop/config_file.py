@@ -26,7 +26,8 @@ from credit.interop.config_gen1 import Convert
 @dataclass(frozen=True)
 class Rule:
     """One CREDIT key: `convert(value, whole config)` returns this project's (key, value)
-    pairs, or a refusal line; `note` says why a key with no conversion is ignored."""
+    pairs, or a refusal line; `note` says why a key with no conversion is ignored. A pair
+    (None, "KEY: why") names a part of the value CREDIT runs as a no-op: ignored, with the why."""
 
     key: str
     convert: Convert | None = None
@@ -235,6 +236,10 @@ def map_credit_file(conf: Mapping[str, Any]) -> CreditMapping:
             out.refused.append(result)
             out.lines.append(f"{key}: refused: {result}")
             continue
+        for _, why in (pair for pair in result if pair[0] is None):
+            out.ignored.append(why.split(":", 1)[0])
+            out.lines.append(f"{why.split(':', 1)[0]}: ignored ({why.split(':', 1)[1].strip()})")
+        result = [pair for pair in result if pair[0] is not None]
         out.overrides += [_override(k, v) for k, v in result]
         targets = ", ".join(_override(k, v) for k, v in result) or "(nothing to set: this project's default)"
         out.lines.append(f"{key} -> {targets}")

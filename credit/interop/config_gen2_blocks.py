@@ -40,6 +40,24 @@ def selected(selection: Any, keys: Mapping[str, str]) -> list[str]:
     return [name for key, name in keys.items() if any(key == w or key.startswith(f"{w}/") for w in wanted)]
 
 
+POINTWISE = {"log_transform": "preblocks", "sqrt_transform": "preblocks", "exp_transform": "postblocks",
+             "square_transform": "postblocks"}
+"""CREDIT's pointwise transforms and the block section each belongs to."""
+
+
+def selects_nothing(where: str, kind: str, args: Mapping[str, Any], keys: Mapping[str, str]) -> str | None:
+    """For a pointwise transform whose `variables` select none of `keys` (a string, which CREDIT
+    reads as a list of its characters; or names the data do not hold): the reason CREDIT runs it
+    as a no-op, as `where: why`. None when it selects something, or everything (an empty list),
+    which this project does not run yet."""
+    wanted = args.get("variables")
+    if not wanted or not keys or selected(wanted, keys):
+        return None
+    how = ("a string, which CREDIT reads as a list of its characters" if isinstance(wanted, str)
+           else "names none of the data's variables")
+    return f"{where}: its variables {wanted!r} are {how}: CREDIT's {kind} transforms nothing"
+
+
 def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
     """`bridgescaler_transform` (transform, input and target): the data's statistics are the
     file's scalers of the selected variables (credit/interop/bridgescaler_file.py)."""
@@ -88,6 +106,11 @@ def preblocks(value: Any, conf: Mapping[str, Any]):
         args = dict(dict(block or {}).get("args") or {})
         if kind == "to_device":
             continue
+        if POINTWISE.get(kind) == "preblocks":
+            noop = selects_nothing(f"preblocks.per_step.{name}", kind, args, source_var_keys(conf))
+            if noop:
+                pairs.append((None, noop))
+                continue
         kinds.append(kind)
         if kind == "era5_normalizer":
             pairs += [("data.credit.files.mean", expand(args["mean_path"])),
@@ -145,12 +168,17 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
     data's target statistics do here (rollout; the loss with `loss.type: base`)."""
     value = dict(value or {})
     inverse_files = set()
+    ignored = []
+    outputs = {k: v for k, v in source_var_keys(conf).items() if k.split("/")[1] in ("prognostic", "diagnostic")}
     for section, blocks in value.items():
         for name, block in dict(blocks or {}).items():
             kind = dict(block or {}).get("type")
             args = dict(dict(block or {}).get("args") or {})
             where = f"postblocks.{section}.{name}"
-            if kind == "bridgescaler_transform" and section == "per_step":
+            noop = selects_nothing(where, kind, args, outputs) if POINTWISE.get(kind) == "postblocks" else None
+            if noop:
+                ignored.append((None, noop))
+            elif kind == "bridgescaler_transform" and section == "per_step":
                 refusal = _inverse_scaler(where, args, conf)
                 if refusal:
                     return refusal
@@ -166,7 +194,7 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
     if len(inverse_files) > 1:
         return (f"postblocks.per_step: inverse scalers of {len(inverse_files)} files; the prediction and its target "
                 "twin are de-normalised with one here")
-    return [("data.credit.files.bridgescaler_inverse", f) for f in inverse_files]
+    return [*ignored, *(("data.credit.files.bridgescaler_inverse", f) for f in inverse_files)]
 
 
 def loss(value: Any, conf: Mapping[str, Any]):

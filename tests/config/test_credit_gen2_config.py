@@ -158,3 +158,25 @@ def test_a_store_missing_a_chunk_is_one_line_before_any_step(gen2_dataset, tmp_p
     assert len(errors) == 1, result.stderr[-2000:]
     assert "ERA5_gen2_6h_2000.zarr: variable 'T' has no chunk for time 2000-01-02T06:00:00 (time index 5)" in errors[0]
     assert not [p for p in (tmp_path / "run").glob("*") if not p.name.startswith(".")]
+
+
+def test_a_pointwise_transform_that_selects_nothing_is_ignored_as_credit_runs_it():
+    """CREDIT's example-end-to-end.yml gives its log_transform preblock and exp_transform
+    postblocks `variables` as a string: CREDIT iterates its characters, selects no variable and
+    transforms nothing. Here such a block is ignored with its reason (as CREDIT runs it, a
+    no-op), and so is one naming no variable of the data; one that selects a variable is refused."""
+    conf = copy.deepcopy(WHOLE_FILES["config/gen_2/examples/example-v2026.2.yml"])
+    string = {"type": "log_transform", "args": {"variables": "ERA5/diagnostic/2d/total_precipitation"}}
+    absent = {"type": "sqrt_transform", "args": {"variables": ["ERA5/prognostic/3d/no_such_variable"]}}
+    conf["preblocks"]["per_step"] = {"log_trans": string, "sqrt": absent, **conf["preblocks"]["per_step"]}
+    conf["postblocks"]["per_step"]["exp"] = {"type": "exp_transform",
+                                            "args": {"variables": "ERA5/diagnostic/2d/total_precipitation"}}
+    mapping = map_credit_file(conf)
+    assert [line for line in mapping.refused if "matches no file" not in line] == []
+    assert {"preblocks.per_step.log_trans", "preblocks.per_step.sqrt", "postblocks.per_step.exp"} <= set(mapping.ignored)
+    assert any(line.startswith("preblocks.per_step.log_trans: ignored (its variables") and "characters" in line
+               for line in mapping.lines), mapping.lines
+    assert compose_config([*mapping.overrides, "run_dir=/tmp/unused"]).data.credit.files.bridgescaler
+    conf["preblocks"]["per_step"]["log_trans"]["args"]["variables"] = ["ERA5/diagnostic/2d/total_precipitation"]
+    refused = map_credit_file(conf).refused
+    assert refused and refused[0].startswith("preblocks.per_step.log_trans.type: 'log_transform'"), refused
