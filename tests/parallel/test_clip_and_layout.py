@@ -66,6 +66,8 @@ def test_cli_rejects_an_indivisible_layout_before_launching(tmp_path):
     assert result.returncode == 2
     modules, lines = imported_and_printed(result.stderr)
     assert len(lines) == 1 and "trainer.parallelism.tensor=3" in lines[0], result.stderr[-3000:]
-    # before launching: the launcher never imported torch's elastic agent (nor torch itself)
-    assert "omegaconf" in modules and "torch" not in modules, sorted(modules)
+    # before launching: nothing imported torch's launcher API, which only `credit.launch.launch`
+    # imports. (torch itself may be listed: the forkserver, started at once so its imports
+    # overlap composing the config, prints its import times into the same stderr.)
+    assert "omegaconf" in modules and "torch.distributed.launcher.api" not in modules, sorted(modules)
     assert not (tmp_path / "run").exists()
