@@ -13,7 +13,7 @@ Files are written with bridgescaler (`write_standard_scalers`) but read by `read
 here, which decodes bridgescaler's JSON encoding itself (a scaler per leaf, as a JSON string of
 its attributes; arrays as base64 bytes with numpy's dtype description). Hand-written because
 importing bridgescaler compiles the numba kernels of its quantile scalers, about 14 s of CPU
-in every process, so every rank of a run paid it before its first step; the tests check the
+in every process on the 2-core Zen 3 VM (`python -c "import bridgescaler"`), so every rank of a run paid it before its first step; the tests check the
 two readers agree on every attribute a standard scaler has.
 """
 

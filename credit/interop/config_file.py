@@ -237,8 +237,9 @@ def map_credit_file(conf: Mapping[str, Any]) -> CreditMapping:
             out.lines.append(f"{key}: refused: {result}")
             continue
         for _, why in (pair for pair in result if pair[0] is None):
-            out.ignored.append(why.split(":", 1)[0])
-            out.lines.append(f"{why.split(':', 1)[0]}: ignored ({why.split(':', 1)[1].strip()})")
+            part, reason = why.split(":", 1)
+            out.ignored.append(part)
+            out.lines.append(f"{part}: ignored ({reason.strip()})")
         result = [pair for pair in result if pair[0] is not None]
         out.overrides += [_override(k, v) for k, v in result]
         targets = ", ".join(_override(k, v) for k, v in result) or "(nothing to set: this project's default)"

@@ -42,15 +42,13 @@ def shown_channels(rows: Sequence[dict[str, object]], limit: int = MAX_PANELS) -
     channels = list(dict.fromkeys(str(r["channel"]) for r in rows))
     if len(channels) <= limit:
         return channels, ""
-    by_variable: dict[str, list[str]] = {}
+    by_variable: dict[str, dict[str, None]] = {}  # each upper-air variable's channels, in order
     for row in rows:
         if str(row.get("level", "")) != "":
-            by_variable.setdefault(str(row["variable"]), [])
-            if row["channel"] not in by_variable[str(row["variable"])]:
-                by_variable[str(row["variable"])].append(str(row["channel"]))
+            by_variable.setdefault(str(row["variable"]), {})[str(row["channel"])] = None
     kept = set()
-    for names in by_variable.values():
-        kept.update(names[i] for i in sorted({0, len(names) // 2, len(names) - 1}))
+    for names in map(list, by_variable.values()):
+        kept.update(names[i] for i in {0, len(names) // 2, len(names) - 1})
     multi = {c for names in by_variable.values() for c in names}
     shown = [c for c in channels if c in kept or c not in multi]
     return shown, f" (3 levels of each upper-air variable; skill.csv has all {len(channels)} channels)"
