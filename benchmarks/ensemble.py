@@ -1,14 +1,15 @@
-"""Members per second of ensemble training at 1, 2 and 4 data-parallel ranks, the members
-of each sample on one rank (the batch axis: `trainer.ensemble_size`, docs/ensembles.md).
+"""Members per second of ensemble training at 1, 2 and 4 ranks, for the two placements of a
+sample's members (docs/ensembles.md): all on one rank (the batch axis, ranks taking
+different samples) and spread over ranks (the mesh's ensemble axis,
+`trainer.parallelism.ensemble` = min(ranks, members), the rest data-parallel).
 
     python benchmarks/ensemble.py [--members 4] [--steps 6] [--repeat 1] [--ranks 1,2,4]
 
 CREDIT's `crossformer-ensemble` at a small size (stage widths 8..64) on a generated 16x32
-dataset, fast mode, FSDP2 over the ranks, one global batch of 4 samples (4 / ranks a rank),
-`OMP_NUM_THREADS=1` a rank. Each launch trains `--steps` steps; members per second is the
-median over the steps after the first two of metrics.csv's samples_per_s x members. The
-rank counts run interleaved (1, 2, 4, 4, 2, 1, ...). Members spread over ranks (an ensemble
-axis of the mesh) are not built yet: only this placement is measured. Prints the CPU model.
+dataset, fast mode, FSDP2 over the ranks, one global batch of 4 samples, `OMP_NUM_THREADS=1`
+a rank. Each launch trains `--steps` steps; members per second is the median over the steps
+after the first two of metrics.csv's samples_per_s x members. The launches run interleaved
+(each rank count, both placements, then the reverse order). Prints the CPU model.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ DATA = ["data.generate_if_missing=false", "data.levels=[500,850]", "data.train_p
 GLOBAL_BATCH = 4
 
 
-def members_per_second(data: Path, run: Path, ranks: int, members: int, steps: int) -> float:
+def members_per_second(data: Path, run: Path, ranks: int, spread: int, members: int, steps: int) -> float:
+    """One launch on `ranks` ranks with each sample's members over `spread` of them."""
+    dp = ranks // spread
     layout = ["trainer.parallelism.data=fsdp2"] if ranks > 1 else ["trainer.parallelism.data=none"]
     command = [sys.executable, "-m", "credit.cli", "train", "--nproc", str(ranks), *MODEL, *DATA, *layout,
-               f"data.root={data}", f"trainer.batch_size={GLOBAL_BATCH // ranks}", f"trainer.ensemble_size={members}",
-               "trainer.loss.function=kcrps", f"trainer.max_steps={steps}", "trainer.valid_every_n_steps=0",
-               "trainer.checkpoint.every_n_steps=0", "trainer.progress_bar=false", f"run_dir={run}"]
+               f"data.root={data}", f"trainer.batch_size={GLOBAL_BATCH // dp}", f"trainer.ensemble_size={members}",
+               f"trainer.parallelism.ensemble={spread}", "trainer.loss.function=kcrps", f"trainer.max_steps={steps}",
+               "trainer.valid_every_n_steps=0", "trainer.checkpoint.every_n_steps=0", "trainer.progress_bar=false",
+               f"run_dir={run}"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -55,24 +59,29 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
-    results: dict[int, list[float]] = {r: [] for r in ranks}
+    cases = [(count, spread) for count in ranks
+             for spread in dict.fromkeys((1, max(d for d in range(1, count + 1)
+                                                  if count % d == 0 and args.members % d == 0)))]
+    results: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         subprocess.run([sys.executable, "-m", "credit.cli", "data", "generate", "--out", str(data), "--grid", "16x32",
                         "--years", "2000", "2001", "--levels", "500", "850", "--train-years", "2000",
                         "--days-per-year", "12", "--no-progress"], check=True, capture_output=True)
-        order = [*ranks, *reversed(ranks)] * args.repeat
-        for i, count in enumerate(order):
-            results[count].append(members_per_second(data, Path(tmp) / f"run{i}", count, args.members, args.steps))
+        order = [*cases, *reversed(cases)] * args.repeat
+        for i, (count, spread) in enumerate(order):
+            results[count, spread].append(members_per_second(data, Path(tmp) / f"run{i}", count, spread,
+                                                             args.members, args.steps))
     print(f"{cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 a rank; crossformer-ensemble (widths 8..64) "
-          f"on 16x32, {args.members} members a sample on one rank, global batch {GLOBAL_BATCH}, fast mode, FSDP2; "
-          f"median of steps 3..{args.steps} per launch, medians of {len(order) // len(ranks)} launches, interleaved")
-    print("| ranks | members / s | vs 1 rank |")
-    print("| ---: | ---: | ---: |")
-    base = statistics.median(results[ranks[0]])
-    for count in ranks:
-        value = statistics.median(results[count])
-        print(f"| {count} | {value:.1f} | {value / base:.2f}x |")
+          f"on 16x32, {args.members} members a sample, global batch {GLOBAL_BATCH}, fast mode, FSDP2; "
+          f"median of steps 3..{args.steps} per launch, medians of {len(order) // len(cases)} launches, interleaved")
+    print("| ranks | members of a sample on | (dp, ens) | members / s | vs 1 rank |")
+    print("| ---: | --- | --- | ---: | ---: |")
+    base = statistics.median(results[cases[0]])
+    for count, spread in cases:
+        value = statistics.median(results[count, spread])
+        where = "one rank" if spread == 1 else f"{spread} ranks"
+        print(f"| {count} | {where} | ({count // spread}, {spread}) | {value:.1f} | {value / base:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
             from credit.parallel.mesh import resolve_layout
 
             par = cfg.trainer.parallelism
-            resolve_layout(nproc, par.data, par.tensor)
+            resolve_layout(nproc, par.data, par.tensor, par.ensemble)
     except (ConfigError, ValueError) as error:
         return _fail(str(error)), None
     if nproc is not None and nproc > 1:

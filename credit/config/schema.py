@@ -154,8 +154,11 @@ class CheckpointConfig:
 
 @dataclass
 class ParallelismConfig:
-    data: str = "none"  # fsdp2 | ddp | none, over the dp = world_size / tensor replicas
+    data: str = "none"  # fsdp2 | ddp | none, over the dp = world_size / (ensemble x tensor) replicas
     tensor: int = 1  # tensor-parallel degree
+    # ranks a sample's ensemble members are spread over (the mesh's "ens" axis, between dp and
+    # tp; it divides trainer.ensemble_size): 1 keeps every member of a sample on one rank
+    ensemble: int = 1
     activation_checkpointing: bool = False
     mixed_precision: str = "none"  # none | bf16 (bf16 parameters, fp32 gradient reduction)
     # fsdp2 only: free gathered weights after each unit's forward (gather again for backward)

@@ -183,6 +183,12 @@ def validate_trainer(trainer: DictConfig) -> None:
     check(par.data in PARALLEL_DATA_MODES, "trainer.parallelism.data", par.data,
            f"allowed: {list(PARALLEL_DATA_MODES)}")
     check(par.tensor >= 1, "trainer.parallelism.tensor", par.tensor, "must be >= 1")
+    check(par.ensemble >= 1, "trainer.parallelism.ensemble", par.ensemble, "must be >= 1")
+    check(par.ensemble == 1 or trainer.ensemble_size % par.ensemble == 0, "trainer.parallelism.ensemble",
+          par.ensemble, f"must divide trainer.ensemble_size={trainer.ensemble_size} (each rank of the ensemble "
+          f"axis holds an equal share of a sample's members)")
+    check(par.ensemble == 1 or par.data != "none", "trainer.parallelism.ensemble", par.ensemble,
+          "> 1 needs trainer.parallelism.data=fsdp2 or ddp (the ranks' member gradients are added over it)")
     check(par.mixed_precision in MIXED_PRECISION, "trainer.parallelism.mixed_precision",
            par.mixed_precision, f"allowed: {list(MIXED_PRECISION)}")
     check(par.mixed_precision == "none" or par.data != "none",
@@ -320,6 +326,13 @@ def validate_config(cfg: DictConfig) -> None:
         par = cfg.trainer.parallelism
         check(par.mixed_precision == "none", "trainer.parallelism.mixed_precision", par.mixed_precision,
                "model.gemm=deterministic computes in fp32; use 'none'")
+        check(par.ensemble & (par.ensemble - 1) == 0, "trainer.parallelism.ensemble", par.ensemble,
+              "a power of two with model.gemm=deterministic (each rank's members are then a subtree of "
+              "the one-process gradient tree)")
+        check(par.ensemble == 1 or cfg.trainer.batch_size == 1, "trainer.batch_size", cfg.trainer.batch_size,
+              f"1 with trainer.parallelism.ensemble={par.ensemble} and model.gemm=deterministic: a rank holding "
+              f"part of the members of several samples cannot add its gradients in the one-process order "
+              f"(samples, then members); raise the samples with more data-parallel ranks or grad_accum_steps")
     validate_data(cfg.data)
     if cfg.model.name == "crossformer-ensemble":
         check(cfg.data.history_len == 1, "data.history_len", cfg.data.history_len,

@@ -205,9 +205,13 @@ def training_loss(value: Any, conf: Mapping[str, Any]):
                     "divides by m (m - 1) = 0 (CREDIT's KCRPS is NaN there, its almost-fair CRPS asserts; its "
                     "gen2 trainer refuses it); set trainer.ensemble_size >= 2")
         return [("trainer.loss.function", ENSEMBLE_LOSSES[value])]
-    if value == "ring-crps":
-        return ("loss.training_loss: 'ring-crps' (one member per data-parallel rank) is not trained here yet; "
-                "KCRPS and almost-fair-crps with members on the batch axis are")
+    if value == "ring-crps":  # CREDIT: one member per data-parallel rank, ensemble_size = those ranks
+        if members < 2:
+            return (f"loss.training_loss: 'ring-crps' with trainer.ensemble_size {members}: CREDIT puts one member "
+                    "on each data-parallel rank and refuses a size other than their number; set "
+                    "trainer.ensemble_size >= 2")
+        # its ring exchange's gradient is the fair CRPS's: here the members' ensemble axis, one a rank
+        return [("trainer.loss.function", "almost_fair_crps"), ("trainer.parallelism.ensemble", members)]
     if value not in LOSS_FUNCTIONS:
         return (f"loss.training_loss: {value!r}; CREDIT's losses read here: {', '.join(LOSS_FUNCTIONS)}, "
                 f"and with trainer.ensemble_size > 1 {', '.join(ENSEMBLE_LOSSES)}")

@@ -56,13 +56,26 @@ def _mix_int(value: int) -> int:
 
 
 @dataclass(frozen=True)
+class MemberBlock:
+    """A rank's share of each sample's ensemble members when they are spread over ranks
+    (`trainer.parallelism.ensemble`): members `offset .. offset + here - 1` of `members`."""
+
+    members: int
+    here: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class DropoutStep:
     """What a training step's masks depend on besides the element index."""
 
     seed: int
     step: int
-    sample_offset: int  # global index of this rank's first sample
-    local_batch: int  # samples this rank holds in the current forward
+    sample_offset: int  # global index of this rank's first sample (an ensemble's: first row)
+    local_batch: int  # samples this rank holds in the current forward (an ensemble's: rows)
+    # members spread over ranks: this rank's rows are member block `members` of each of its
+    # samples, so its rows are not one contiguous run of the global batch
+    members: MemberBlock | None = None
     # forwards of a noise-injecting model so far in this context (an autoregressive forecast's
     # steps draw their own noise: credit.models.noise)
     forwards: list[int] = field(default_factory=lambda: [0], compare=False)
@@ -77,15 +90,33 @@ def current_step() -> DropoutStep | None:
 
 
 @contextlib.contextmanager
-def dropout_step(seed: int, step: int, sample_offset: int, local_batch: int) -> Iterator[None]:
+def dropout_step(seed: int, step: int, sample_offset: int, local_batch: int,
+                 members: MemberBlock | None = None) -> Iterator[None]:
     """Masks drawn inside this block are those of (seed, step) for samples
-    `sample_offset .. sample_offset + local_batch - 1` of the global batch."""
+    `sample_offset .. sample_offset + local_batch - 1` of the global batch; with `members`,
+    the rows of member block `members` of the samples from the one whose first row is
+    `sample_offset` (rows `local_batch`, `members.here` a sample)."""
     global _current
-    previous, _current = _current, DropoutStep(seed, step, sample_offset, local_batch)
+    previous, _current = _current, DropoutStep(seed, step, sample_offset, local_batch, members)
     try:
         yield
     finally:
         _current = previous
+
+
+def global_rows(ctx: DropoutStep, rows: int, device: torch.device | str) -> torch.Tensor:
+    """(rows,) int64 global row indices of a local tensor's `rows` flattened leading rows
+    (each of the context's `local_batch` batch rows spanning rows / local_batch of them)."""
+    if rows % ctx.local_batch:
+        raise ValueError(f"input rows {rows} do not split into {ctx.local_batch} samples")
+    per = rows // ctx.local_batch
+    if ctx.members is None:
+        first = ctx.sample_offset * per
+        return torch.arange(first, first + rows, dtype=torch.int64, device=device)
+    block = ctx.members
+    local = torch.arange(ctx.local_batch, dtype=torch.int64, device=device)
+    batch_row = ctx.sample_offset + (local // block.here) * block.members + block.offset + local % block.here
+    return (batch_row[:, None] * per + torch.arange(per, dtype=torch.int64, device=device)).reshape(-1)
 
 
 def keep_mask(shape: tuple[int, ...], p: float, layer: int, *, col_offset: int = 0,
@@ -105,13 +136,10 @@ def keep_mask(shape: tuple[int, ...], p: float, layer: int, *, col_offset: int =
     rows = 1
     for s in shape[:-1]:
         rows *= s
-    if rows % ctx.local_batch:
-        raise ValueError(f"dropout input rows {rows} do not split into {ctx.local_batch} samples")
-    first_row = ctx.sample_offset * (rows // ctx.local_batch)
     key = _mix_int(_mix_int(_mix_int(ctx.seed) ^ ctx.step) ^ layer)
     # a full hash per global row and per global column, then one multiply-xorshift round per
     # element on their xor (cheaper than hashing every element's flat index)
-    row_hash = mix64(torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device) ^ key)
+    row_hash = mix64(global_rows(ctx, rows, device) ^ key)
     col_hash = mix64(torch.arange(col_offset, col_offset + cols, dtype=torch.int64, device=device) + _COLUMN_SALT)
     threshold = int(round(p * (1 << 24)))
     keep = torch.empty((rows, cols), dtype=torch.bool, device=device)

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from credit.models.dropout import _COLUMN_SALT, _mix_int, _shift_right, current_step, mix64
+from credit.models.dropout import _COLUMN_SALT, _mix_int, _shift_right, current_step, global_rows, mix64
 
 _NOISE_SALT = 0x5EED_0F_E45E  # noise keys differ from dropout keys of the same layer number
 _UNIFORMS = 8  # 16-bit uniforms summed per value (two 64-bit hashes)
@@ -42,12 +42,9 @@ def indexed_normal(shape: tuple[int, ...], layer: int, forward: int, device: tor
     sample's elements) for `layer` in forward number `forward` of the step context."""
     ctx = _context()
     rows = shape[0]
-    if rows % ctx.local_batch:
-        raise ValueError(f"noise rows {rows} do not split into {ctx.local_batch} samples")
     cols = math.prod(shape[1:])
-    first_row = ctx.sample_offset * (rows // ctx.local_batch)
     key = _mix_int(_mix_int(_mix_int(_mix_int(ctx.seed) ^ ctx.step) ^ forward) ^ layer ^ _NOISE_SALT)
-    row_hash = mix64(torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device) ^ key)
+    row_hash = mix64(global_rows(ctx, rows, device) ^ key)
     col_hash = mix64(torch.arange(cols, dtype=torch.int64, device=device) + _COLUMN_SALT)
     total = torch.zeros((rows, cols), dtype=torch.int64, device=device)
     z = row_hash[:, None] ^ col_hash[None, :]

@@ -19,6 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.utils import get_total_norm
 
+from credit.parallel.mesh import ALL_RANKS_DIMS
+
 
 def _mesh_key(tensor: torch.Tensor) -> object:
     return tensor.device_mesh if isinstance(tensor, DTensor) else None
@@ -101,7 +103,7 @@ def _replicated_over_tp(param: torch.Tensor) -> bool:
     if not isinstance(param, DTensor):
         return True
     names = param.device_mesh.mesh_dim_names or ()
-    if "dp_tp" in names:  # sharded or averaged over all ranks, tp peers included
+    if any(name in ALL_RANKS_DIMS for name in names):  # sharded or averaged over all ranks, tp peers included
         return False
     if "tp" not in names:
         return True

@@ -1,4 +1,5 @@
-"""Process groups and the named (dp, tp) DeviceMesh.
+"""Process groups and the named (dp, tp) DeviceMesh, or (dp, ens, tp) when a sample's ensemble
+members are spread over ranks (`trainer.parallelism.ensemble` > 1).
 
 Layout arithmetic is checked before any process-group work, so a bad
 `trainer.parallelism` fails fast with one line naming the key.
@@ -19,34 +20,38 @@ from credit.config.validate import ConfigError
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """How `world_size` ranks split into data-parallel replicas of tensor-parallel groups."""
+    """How `world_size` ranks split into data-parallel replicas (different samples) of
+    ensemble groups (a sample's members split `ens` ways) of tensor-parallel groups."""
 
     world_size: int
     dp: int
     tp: int
     data: str
+    ens: int = 1
 
 
-def resolve_layout(world_size: int, data: str, tensor: int) -> ParallelLayout:
-    """dp = world_size / tensor; raise ConfigError naming the key when that cannot work.
+def resolve_layout(world_size: int, data: str, tensor: int, ensemble: int = 1) -> ParallelLayout:
+    """dp = world_size / (ensemble x tensor); raise ConfigError naming the key when that cannot work.
 
-    `data` and `tensor` are validated values (`credit.config.validate`: a known mode,
-    tensor >= 1). This is the one home of the rules that depend on the world size: the CLI
-    calls it before launching ranks, and every rank once in `build_runtime`, before any
+    `data`, `tensor` and `ensemble` are validated values (`credit.config.validate`: a known
+    mode, degrees >= 1). This is the one home of the rules that depend on the world size: the
+    CLI calls it before launching ranks, and every rank once in `build_runtime`, before any
     process-group work."""
-    if world_size % tensor:
+    if world_size % (tensor * ensemble):
+        key, value = (("trainer.parallelism.tensor", tensor) if ensemble == 1 else
+                      ("trainer.parallelism.ensemble", f"{ensemble} (x tensor={tensor})"))
         raise ConfigError(
-            f"trainer.parallelism.tensor={tensor} does not divide the world size {world_size} "
-            f"(dp = world_size / tensor must be whole)"
+            f"{key}={value} does not divide the world size {world_size} "
+            f"(dp = world_size / (ensemble x tensor) must be whole)"
         )
-    dp = world_size // tensor
+    dp = world_size // (tensor * ensemble)
     if data == "none" and dp > 1:
         raise ConfigError(
             f"trainer.parallelism.data='none' with world size {world_size} and tensor={tensor} "
             f"leaves {dp} data-parallel replicas unsynchronised; use data=ddp or fsdp2, or "
             f"tensor={world_size}"
         )
-    return ParallelLayout(world_size=world_size, dp=dp, tp=tensor, data=data)
+    return ParallelLayout(world_size=world_size, dp=dp, tp=tensor, data=data, ens=ensemble)
 
 
 def launched_world_size() -> int:
@@ -103,16 +108,41 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
 
 
 def build_device_mesh(layout: ParallelLayout, device_type: str) -> DeviceMesh:
-    """A 2-D mesh with named dims ("dp", "tp"); use `mesh["dp"]`, `mesh["tp"]`, never positions.
+    """A mesh with named dims ("dp", "tp"), or ("dp", "ens", "tp") when `layout.ens` > 1; use
+    `mesh["dp"]`, `mesh["tp"]`, `replica_mesh(mesh)`, never positions.
 
-    A flattened "dp_tp" dimension is registered too, so DTensor reduces a value that is
-    partial over both dims (e.g. a gradient norm) in one collective instead of two.
+    Flattened dimensions are registered too: every rank ("dp_tp", or "dp_ens_tp"), so DTensor
+    reduces a value that is partial over all of them (e.g. a gradient norm) in one
+    collective instead of two or three, and with ens the replicas ("dp_ens").
     """
-    mesh = init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+    if layout.ens == 1:
+        mesh = init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh(device_type, (layout.dp, layout.ens, layout.tp), mesh_dim_names=("dp", "ens", "tp"))
+        replica_mesh(mesh)
     all_ranks_mesh(mesh)
     return mesh
 
 
+def has_ensemble_axis(mesh: DeviceMesh) -> bool:
+    return "ens" in (mesh.mesh_dim_names or ())
+
+
+def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks a tensor-parallel shard of the model is replicated over, whose gradients
+    add up to the step's: `mesh["dp"]`, or dp x ens flattened ("dp_ens", dp-major: a
+    sample's member blocks are neighbours in its rank order) when members are spread."""
+    if not has_ensemble_axis(mesh):
+        return mesh["dp"]
+    return mesh[("dp", "ens")]._flatten(mesh_dim_name="dp_ens")
+
+
+ALL_RANKS_DIMS = ("dp_tp", "dp_ens_tp")
+"""The names of the flattened every-rank dimension, without and with an ensemble axis."""
+
+
 def all_ranks_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The 1-D "dp_tp" mesh over every rank of the (dp, tp) mesh (created once, then reused)."""
-    return mesh[("dp", "tp")]._flatten(mesh_dim_name="dp_tp")
+    """The 1-D mesh over every rank (created once, then reused): "dp_tp", or "dp_ens_tp"."""
+    if not has_ensemble_axis(mesh):
+        return mesh[("dp", "tp")]._flatten(mesh_dim_name="dp_tp")
+    return mesh[("dp", "ens", "tp")]._flatten(mesh_dim_name="dp_ens_tp")

@@ -29,8 +29,10 @@ class Runtime:
     rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
+    ens_rank: int = 0  # this rank's block of each sample's members (trainer.parallelism.ensemble)
+    ens_size: int = 1
     layout: ParallelLayout | None = None  # None in a single process
-    mesh: DeviceMesh | None = None  # named ("dp", "tp"); None in a single process
+    mesh: DeviceMesh | None = None  # named ("dp", "tp") or ("dp", "ens", "tp"); None in a single process
 
     @property
     def is_main(self) -> bool:
@@ -48,10 +50,10 @@ def resolve_device(name: str) -> torch.device:
 
 def build_runtime(cfg: DictConfig) -> Runtime:
     """Resolve the layout of `trainer.parallelism` for the launched world size, join the
-    process group and build the named (dp, tp) mesh; a single process gets no mesh."""
+    process group and build the named mesh; a single process gets no mesh."""
     device = resolve_device(cfg.trainer.device)
     par = cfg.trainer.parallelism
-    layout = resolve_layout(launched_world_size(), par.data, par.tensor)
+    layout = resolve_layout(launched_world_size(), par.data, par.tensor, par.ensemble)
     rank, _ = init_distributed(device)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -63,6 +65,8 @@ def build_runtime(cfg: DictConfig) -> Runtime:
         rank=rank,
         dp_rank=mesh["dp"].get_local_rank(),
         dp_size=layout.dp,
+        ens_rank=mesh["ens"].get_local_rank() if layout.ens > 1 else 0,
+        ens_size=layout.ens,
         layout=layout,
         mesh=mesh,
     )

@@ -4,7 +4,8 @@ tensor parallel -> activation checkpointing -> data parallel per block -> data p
 
 Data parallelism is FSDP2 (`fully_shard`: parameters sharded over `mesh["dp"]`) or DDP
 semantics through FSDP2's `replicate` (parameters replicated over `mesh["dp"]`, gradients
-all-reduced). Both keep parameters as DTensors, so they compose with tensor parallelism
+all-reduced). With an ensemble axis the replicas are dp x ens (`replica_mesh`): the ranks
+of one sample's member blocks hold one model and add their gradients as dp ranks do. Both keep parameters as DTensors, so they compose with tensor parallelism
 and save/load through the same DCP state dicts; classic `DistributedDataParallel` cannot
 hold DTensor parameters.
 
@@ -29,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from credit.parallel.mesh import all_ranks_mesh
+from credit.parallel.mesh import all_ranks_mesh, has_ensemble_axis, replica_mesh
 from credit.parallel.sequence import apply_sequence_parallel, partial_gradient_names
 from credit.parallel.tensor_parallel import apply_native_tensor_parallel
 from credit.parallel.tree_reduce import TreeReduceScatter
@@ -116,7 +117,8 @@ def parallelize_model(
     sequence_parallel: bool = False,
     sequence_regather: bool = True,
 ) -> nn.Module:
-    """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over `mesh["dp"]`.
+    """Apply TP over `mesh["tp"]`, optional activation checkpointing, then `data` over
+    `replica_mesh(mesh)` (`mesh["dp"]`, or dp x ens).
 
     `data` is "fsdp2", "ddp" or "none"; `mixed_precision="bf16"` (fsdp2/ddp only) computes
     with bf16 parameters and reduces gradients in fp32. With fsdp2, `reshard_after_forward`
@@ -134,7 +136,7 @@ def parallelize_model(
     of each gathered block input for backward. All are validated values (`credit.config.validate`
     holds those rules). Returns the model (modified in place).
     """
-    tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    tp_mesh, dp_mesh = mesh["tp"], replica_mesh(mesh)
     if tp_mesh.size() > 1:
         regather = sequence_regather and not activation_checkpointing  # checkpointing recomputes it anyway
         stages = apply_sequence_parallel(model, tp_mesh, deterministic, regather) if sequence_parallel else []
@@ -175,9 +177,9 @@ def parallelize_model(
                 _sum_over_tp(unit, sum_over_tp, 1, dp_mesh.size())
     wrap(model, mesh=dp_mesh)
     log.info(
-        "applied %s over dp=%d to %d blocks (%d without tp parameters over all %d ranks; "
+        "applied %s over %s=%d to %d blocks (%d without tp parameters over all %d ranks; "
         "units: %s) and the root (mixed precision: %s)",
-        data, dp_mesh.size(), len(units), len(without_tp), everyone.size(), shard_granularity,
-        mixed_precision,
+        data, "dp x ens" if has_ensemble_axis(mesh) else "dp", dp_mesh.size(), len(units), len(without_tp),
+        everyone.size(), shard_granularity, mixed_precision,
     )
     return model

@@ -1,8 +1,8 @@
-"""`credit plan`: every (dp, tp, sequence-parallel, FSDP2/DDP) layout of N GPUs for a config,
+"""`credit plan`: every (dp, ens, tp, sequence-parallel, FSDP2/DDP) layout of N GPUs for a config,
 with its traced per-rank memory and communication, and the layouts that fit a GPU.
 
-Each layout is the config with `trainer.parallelism.tensor`, `.data` and `.sequence_parallel`
-set and `trainer.batch_size` = global batch / (dp x grad_accum_steps), composed and validated
+Each layout is the config with `trainer.parallelism.tensor`, `.ensemble` (an ensemble's),
+`.data` and `.sequence_parallel` set and `trainer.batch_size` = global batch / (dp x grad_accum_steps), composed and validated
 as `credit train` would, then traced (`credit.plan.trace`). A layout the config rules refuse,
 or that parallelisation refuses, is a row saying why.
 """
@@ -32,14 +32,16 @@ class Layout:
     tp: int
     data: str  # fsdp2 | ddp | none (one process)
     sequence_parallel: bool
+    ens: int = 1  # ranks a sample's members are spread over (trainer.parallelism.ensemble)
 
     @property
     def dp(self) -> int:
-        return self.world // self.tp
+        return self.world // (self.tp * self.ens)
 
     @property
     def name(self) -> str:
-        return f"dp{self.dp}×tp{self.tp}{'+sp' if self.sequence_parallel else ''}"
+        ens = f"×ens{self.ens}" if self.ens > 1 else ""
+        return f"dp{self.dp}{ens}×tp{self.tp}{'+sp' if self.sequence_parallel else ''}"
 
 
 @dataclass
@@ -50,16 +52,18 @@ class Row:
     refused: str | None = None  # why the layout cannot run
 
 
-def layouts(world: int, sequence_parallel: bool) -> list[Layout]:
-    """Every layout of `world` ranks: tp over the divisors of `world`, FSDP2 or DDP over the
-    rest, with and without sequence parallelism (`sequence_parallel`: the model has it)."""
+def layouts(world: int, sequence_parallel: bool, members: int = 1) -> list[Layout]:
+    """Every layout of `world` ranks: tp over the divisors of `world`, an ensemble's members
+    (`members` > 1) over the divisors of both the rest and `members`, FSDP2 or DDP over what
+    remains, with and without sequence parallelism (`sequence_parallel`: the model has it)."""
     if world == 1:
         return [Layout(1, 1, "none", False)]
     found = []
     for tp in (d for d in range(1, world + 1) if world % d == 0):
-        for data in ("fsdp2", "ddp"):
-            for sp in ((False, True) if tp > 1 and sequence_parallel else (False,)):
-                found.append(Layout(world, tp, data, sp))
+        for ens in (e for e in range(1, world // tp + 1) if (world // tp) % e == 0 and members % e == 0):
+            for data in ("fsdp2", "ddp"):
+                for sp in ((False, True) if tp > 1 and sequence_parallel else (False,)):
+                    found.append(Layout(world, tp, data, sp, ens))
     return found
 
 
@@ -82,7 +86,7 @@ def plan_rows(overrides: Sequence[str], gpus: Sequence[int], grid: tuple[int, in
         model = build_model(base.model, **shapes.layout())
     accum = base.trainer.grad_accum_steps
     todo = [(world, layout) for world in gpus
-            for layout in layouts(world, base.model.name in SEQUENCE_PARALLEL_MODELS)]
+            for layout in layouts(world, base.model.name in SEQUENCE_PARALLEL_MODELS, base.trainer.ensemble_size)]
     rows = Rows()
     rows.model = (f"model: {base.model.name} on a {shapes.grid[0]}x{shapes.grid[1]} grid, "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters")
@@ -108,6 +112,7 @@ def _row(overrides: Sequence[str], shapes: SampleShapes, world: int, layout: Lay
     alone = ["trainer.parallelism.mixed_precision=none"] if world == 1 else []
     try:
         cfg = compose_config([*overrides, *alone, f"trainer.parallelism.tensor={layout.tp}",
+                              f"trainer.parallelism.ensemble={layout.ens}",
                               f"trainer.parallelism.data={layout.data}",
                               f"trainer.parallelism.sequence_parallel={str(layout.sequence_parallel).lower()}",
                               f"trainer.batch_size={row.batch_per_rank}"])
@@ -136,14 +141,14 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
     lines = [f"## {title}", "", *([rows.model, ""] if isinstance(rows, Rows) and rows.model else []),
              f"Per rank, GiB (2^30 bytes); sent: GB (10^9 bytes) one rank sends per step (ring algorithms), "
              f"within its tensor-parallel group (tp) and across data-parallel replicas (dp, including groups "
-             f"of every rank); step: the step's own memory above what is held; fits: the peak within "
+             f"of every rank and an ensemble's ens groups); step: the step's own memory above what is held; fits: the peak within "
              f"{usable:.0%} of {gpu_memory_gib:g} GiB.", "",
              "| GPUs | layout | data | batch/rank | params | grads | optimizer | held | step | peak | tp sent | "
              "dp sent | collectives tp/dp | fits |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     groups: dict[object, list[Row]] = {}  # the variants of a (GPUs, tp) refused alike share a line
     for row in rows:
-        key = (row.layout.world, row.layout.tp, row.refused) if row.trace is None else id(row)
+        key = (row.layout.world, row.layout.tp, row.layout.ens, row.refused) if row.trace is None else id(row)
         groups.setdefault(key, []).append(row)
     lines += [_trace_line(group[0], limit) if group[0].trace is not None else _refused_line(group)
               for group in groups.values()]
@@ -162,7 +167,8 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
 
 def _refused_line(rows: list[Row]) -> str:
     first = rows[0].layout
-    name = f"dp{first.dp}×tp{first.tp}" + (" (±sp)" if any(r.layout.sequence_parallel for r in rows) else "")
+    ens = f"×ens{first.ens}" if first.ens > 1 else ""
+    name = f"dp{first.dp}{ens}×tp{first.tp}" + (" (±sp)" if any(r.layout.sequence_parallel for r in rows) else "")
     data = ", ".join(dict.fromkeys(r.layout.data for r in rows))
     return (f"| {first.world} | {name} | {data} | {rows[0].batch_per_rank or '-'} "
             f"| cannot run: {rows[0].refused} |" + " |" * 9)

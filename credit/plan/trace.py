@@ -26,12 +26,12 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # importing i
 
 from credit.config import ConfigError
 from credit.models import EMA, advance_spectral_norm, build_model
-from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, resolve_layout
+from credit.parallel.mesh import all_ranks_mesh, build_device_mesh, replica_mesh, resolve_layout
 from credit.plan.comm import CommVolume
 from credit.plan.memory import StorageBytes
 from credit.plan.shapes import SampleShapes
-from credit.models.dropout import dropout_step
-from credit.train.ensemble import with_members
+from credit.models.dropout import MemberBlock, dropout_step
+from credit.train.ensemble import MembersGathered, with_members
 from credit.train.losses import WeightedLoss
 from credit.train.setup import build_optimizer, parallelize_for_training
 from credit.train.step import backward_micro_batch, update_parameters
@@ -68,6 +68,21 @@ def fake_process_group(world: int) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_sharding_propagation()
+
+
+def _forget_sharding_propagation() -> None:
+    """Empty DTensor's sharding-propagation caches (torch's Python and C++ ones). Their keys
+    compare meshes by ranks and dimension names, not by process group, and their cached
+    output specs hold the mesh of the trace that filled them: a later trace whose groups are
+    numbered otherwise (another mesh shape, e.g. one with an ensemble axis) would get DTensors
+    on the destroyed groups of an earlier one."""
+    from torch.distributed.tensor import DTensor
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
 
 
 def check_traceable(cfg: DictConfig) -> None:
@@ -100,7 +115,7 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
     par, trainer = cfg.trainer.parallelism, cfg.trainer
     check_traceable(cfg)
     deterministic = False
-    layout = resolve_layout(world, par.data, par.tensor)
+    layout = resolve_layout(world, par.data, par.tensor, par.ensemble)
     with fake_process_group(world):
         mesh = build_device_mesh(layout, "cpu") if world > 1 else None
         with torch.device("meta"):
@@ -109,8 +124,11 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
         if mesh is not None:
             parallelize_for_training(model, mesh, cfg)
             # a group of every rank is the tp (or dp) group itself when dp (or tp) is 1: named so
-            labels = {all_ranks_mesh(mesh).get_group().group_name: "dp×tp",
+            labels = {all_ranks_mesh(mesh).get_group().group_name: "dp×ens×tp" if layout.ens > 1 else "dp×tp",
                       mesh["dp"].get_group().group_name: "dp", mesh["tp"].get_group().group_name: "tp"}
+            if layout.ens > 1:
+                labels.update({replica_mesh(mesh).get_group().group_name: "dp×ens",
+                               mesh["ens"].get_group().group_name: "ens"})
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             model.train()
@@ -126,6 +144,7 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic
             loss_fn = WeightedLoss(torch.ones(grid[0]), torch.ones(channels), trainer.loss.function,
                                    crps_alpha=trainer.loss.crps_alpha)
+            train_loss = MembersGathered(loss_fn, mesh["ens"].get_group()) if layout.ens > 1 else loss_fn
             memory, comm = StorageBytes(), CommVolume(labels)
             memory.hold(model, optimizer, loss_fn, list(ema.shadow.values()) if ema else [])
             held = memory.current
@@ -136,13 +155,14 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
                 for _ in range(trainer.grad_accum_steps):
                     batch = {key: torch.empty(shape) for key, shape in shapes.batch(trainer.batch_size).items()}
                     step_batches.append(batch)
-                    rows = trainer.batch_size * trainer.ensemble_size
-                    with dropout_step(trainer.seed, 0, 0, rows):  # dropout masks and noise, as a step draws them
-                        backward_micro_batch(model, with_members(batch, trainer.ensemble_size), loss_fn,
+                    here = trainer.ensemble_size // layout.ens  # members on this rank
+                    block = MemberBlock(trainer.ensemble_size, here, 0) if layout.ens > 1 else None
+                    with dropout_step(trainer.seed, 0, 0, trainer.batch_size * here, block):  # as a step draws them
+                        backward_micro_batch(model, with_members(batch, here), train_loss,
                                              accum=trainer.grad_accum_steps,
                                              deterministic=deterministic,
                                              step_samples=trainer.batch_size * layout.dp * trainer.grad_accum_steps,
-                                             forecast_steps=trainer.loss.forecast_steps)
+                                             forecast_steps=trainer.loss.forecast_steps, ensemble_ranks=layout.ens)
                 update_parameters(model, optimizer, mesh, deterministic=deterministic, data=par.data,
                                   grad_clip=trainer.grad_clip)
                 if ema is not None:

@@ -12,11 +12,20 @@ elementwise, with the members last:
   / (2 m (m - 1)); alpha = 1 is the fair CRPS again, alpha < 1 leans toward the biased one
   (less spread rewarded).
 Both need two members or more: with one, m (m - 1) = 0.
+
+Members spread over ranks (`trainer.parallelism.ensemble` E > 1, the mesh's "ens" axis):
+each rank of a sample's ensemble group forecasts m / E of its members, and `MembersGathered`
+gathers the E blocks in rank order, so every rank of the group scores the same m forecasts
+with the same arithmetic (the same bits) as one rank holding them all. The gather's backward
+keeps a rank's own block of the loss gradient: the group's ranks then hold the gradients of
+disjoint members, which the replicas' reduction over dp x ens adds.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 ENSEMBLE_FUNCTIONS = ("kcrps", "almost_fair_crps")
 """`trainer.loss.function` values that score an ensemble (their CRPS over members)."""
@@ -63,6 +72,51 @@ def almost_fair_crps(prediction: torch.Tensor, target: torch.Tensor, alpha: floa
     pairs = (members.unsqueeze(-2) - members.unsqueeze(-1)).abs()  # the diagonal is |x_i - x_i| = 0
     spread = (1.0 / (2 * m * (m - 1))) * pairs.sum(dim=(-1, -2))
     return skill - (1 - (1 - alpha) / m) * spread
+
+
+class _GatherMembers(torch.autograd.Function):
+    """(B x m/E, ...) member blocks of E ranks -> (B x m, ...), member-minor, in rank order;
+    backward: this rank's block of the gradient (every rank holds the same loss)."""
+
+    @staticmethod
+    def forward(ctx, local, samples, group):  # type: ignore[override]
+        ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+        parts = [torch.empty_like(local) for _ in range(ranks)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        here = local.shape[0] // samples
+        ctx.samples, ctx.here, ctx.rank = samples, here, rank
+        blocks = [part.reshape(samples, here, *local.shape[1:]) for part in parts]
+        return torch.cat(blocks, dim=1).reshape(samples * here * ranks, *local.shape[1:])
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        grouped = grad.reshape(ctx.samples, -1, *grad.shape[1:])
+        own = grouped[:, ctx.rank * ctx.here:(ctx.rank + 1) * ctx.here]
+        return own.reshape(ctx.samples * ctx.here, *grad.shape[1:]).contiguous(), None, None
+
+
+def gather_members(local: torch.Tensor, samples: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every member of `samples` samples from this rank's block `local` (B x m/E rows) and
+    those of the other ranks of the ensemble group `group`, member-minor (B x m rows)."""
+    if local.shape[0] % samples:
+        raise ValueError(f"{local.shape[0]} forecasts do not split into the members of {samples} samples")
+    return _GatherMembers.apply(local, samples, group)
+
+
+class MembersGathered(nn.Module):
+    """A CRPS loss (`credit.train.losses.WeightedLoss`) over members spread on the ranks of
+    `group`: the members are gathered before it scores them (training; validation forecasts
+    every member on every rank and uses the loss itself)."""
+
+    def __init__(self, loss: nn.Module, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.loss, self.group = loss, group
+
+    def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss.weighted_error(gather_members(prediction, target.shape[0], self.group), target)
+
+    def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.weighted_error(prediction, target).mean()
 
 
 def ensemble_error(function: str, prediction: torch.Tensor, target: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -38,8 +38,9 @@ def run_training(cfg: DictConfig) -> dict[str, float]:
     configure_logging(rank=runtime.rank)
     if runtime.layout is not None:
         lay = runtime.layout
-        log.info("mesh: world %d = dp %d x tp %d, data parallel: %s, process groups: %s",
-                 lay.world_size, lay.dp, lay.tp, lay.data, dist.get_backend())
+        ens = f" x ens {lay.ens}" if lay.ens > 1 else ""
+        log.info("mesh: world %d = dp %d%s x tp %d, data parallel: %s, process groups: %s",
+                 lay.world_size, lay.dp, ens, lay.tp, lay.data, dist.get_backend())
     try:
         with run_dir_lock(cfg.run_dir, runtime.is_main):  # one job per run_dir, before any write
             trainer = Trainer(cfg, runtime)

@@ -14,6 +14,7 @@ from credit.kernels.gemm._tree import tree_sum
 from credit.models.spectral_norm import defer_spectral_norm_backward, finish_spectral_norm_gradients
 from credit.parallel import clip_grad_norm_, sync_replicated_gradients
 from credit.parallel.exact_norm import clip_grad_norm_exact_
+from credit.parallel.mesh import replica_mesh
 from credit.parallel.tree_reduce import tree_all_reduce_gradients
 from credit.train.deterministic import forecast_sample_sums, global_loss
 from credit.train.forecast import forecast_loss
@@ -22,15 +23,18 @@ from credit.train.losses import WeightedLoss
 
 def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: WeightedLoss, *,
                          accum: int, deterministic: bool, step_samples: int,
-                         forecast_steps: str = "mean") -> tuple[torch.Tensor, float | None]:
+                         forecast_steps: str = "mean", ensemble_ranks: int = 1) -> tuple[torch.Tensor, float | None]:
     """Forward and backward of one micro-batch. Returns (what the step's loss combines, the
     backward seed): the micro-batch's mean loss and None, or in deterministic mode its
     per-sample sums and the seed 1 / (`step_samples` x elements x forecast steps), the
     same constant in every layout (`step_samples`: every sample of the optimizer step,
-    over micro-batches and dp replicas; no averaging over dp afterwards)."""
+    over micro-batches and dp replicas; no averaging over dp afterwards).
+    `ensemble_ranks` E > 1: a sample's members are spread over E ranks, each holding the
+    gradient of its own; the fast reduction averages over dp x E replicas where the members'
+    gradients must add, so the seed is E times larger (a power of two: exact)."""
     if not deterministic:
         loss = forecast_loss(model, batch, loss_fn, forecast_steps)
-        (loss / accum).backward()
+        (loss * ensemble_ranks / accum).backward()
         return loss.detach(), None
     defer_spectral_norm_backward(model)  # finished once G is summed (update_parameters)
     sums = forecast_sample_sums(model, batch, loss_fn.weighted_error)
@@ -51,12 +55,12 @@ def dynamic_clip_scale(dp_size: int, deterministic: bool) -> float:
 def update_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh | None, *,
                       deterministic: bool, data: str, grad_clip: float,
                       dynamic_scale: float | None = None) -> torch.Tensor | float:
-    """After backward: synchronise gradients (the rank-order tree over dp for deterministic
-    ddp; the tp replicas), clip them (`grad_clip` <= 0: no clipping; `dynamic_scale` s: to
+    """After backward: synchronise gradients (the rank-order tree over dp, or dp x ens, for
+    deterministic ddp; the tp replicas), clip them (`grad_clip` <= 0: no clipping; `dynamic_scale` s: to
     sqrt(s x the norm)) and step the optimizer. Returns the global gradient norm before clipping."""
     if mesh is not None:
         if deterministic and data == "ddp":
-            tree_all_reduce_gradients(list(model.parameters()), mesh["dp"].get_group())
+            tree_all_reduce_gradients(list(model.parameters()), replica_mesh(mesh).get_group())
         sync_replicated_gradients(model, mesh["tp"])
     if deterministic:
         finish_spectral_norm_gradients(model)

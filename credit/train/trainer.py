@@ -33,11 +33,11 @@ from credit.data import (
     recycled,
 )
 from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_model
-from credit.models.dropout import dropout_step
+from credit.models.dropout import MemberBlock, dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
 from credit.train.deterministic import sample_mean
 from credit.train.loaders import build_loaders
-from credit.train.ensemble import with_members
+from credit.train.ensemble import MembersGathered, with_members
 from credit.train.losses import training_loss
 from credit.train.metrics import MetricsLog, plot_loss
 from credit.train.setup import build_optimizer, choose_foreach, parallelize_for_training
@@ -153,6 +153,9 @@ class Trainer:
         self.lat_weights = lat_w
         self.loss_fn = training_loss(trainer.loss, self.channel_variables, lat_w, self.train_set.target_std,
                                      self.train_set.target_mean).to(rt.device)
+        # members spread over the ens axis: training gathers them before the CRPS
+        self.train_loss = (MembersGathered(self.loss_fn, rt.mesh["ens"].get_group()) if rt.ens_size > 1
+                           else self.loss_fn)
         self.progress = Progress(global_batch_size=self.sampler.global_batch_size)
 
     def _resolve_epochs(self) -> None:
@@ -237,7 +240,8 @@ class Trainer:
         """One optimizer step over `trainer.grad_accum_steps` micro-batches."""
         trainer, rt = self.cfg.trainer, self.runtime
         started = time.perf_counter()
-        seed_for_step(trainer.seed, rt.dp_rank, self.step)
+        # fast dropout draws from this stream: member blocks of one sample (ens ranks) differ
+        seed_for_step(trainer.seed, rt.dp_rank * rt.ens_size + rt.ens_rank, self.step)
         if self.sdc is not None:
             self.sdc.begin_step(self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -252,9 +256,11 @@ class Trainer:
             # Indexed dropout (deterministic mode) keys its masks on the global row, an
             # ensemble's (sample, member) pair; the context spans backward too, where
             # activation checkpointing recomputes them.
-            rows = batch["state"].shape[0] * trainer.ensemble_size
-            with dropout_step(trainer.seed, self.step, (micro * rt.dp_size + rt.dp_rank) * rows, rows):
-                losses.append(self._backward(with_members(batch, trainer.ensemble_size)))
+            samples, here = batch["state"].shape[0], trainer.ensemble_size // rt.ens_size
+            first_row = (micro * rt.dp_size + rt.dp_rank) * samples * trainer.ensemble_size
+            block = MemberBlock(trainer.ensemble_size, here, rt.ens_rank * here) if rt.ens_size > 1 else None
+            with dropout_step(trainer.seed, self.step, first_row, samples * here, block):
+                losses.append(self._backward(with_members(batch, here)))
         loss_value = step_loss(losses, self._loss_scale, self.runtime.mesh, self.deterministic,
                                self.runtime.device)  # every rank agrees before deciding
         if not math.isfinite(loss_value):
@@ -292,9 +298,9 @@ class Trainer:
         the micro-batch's mean loss, or in deterministic mode its per-sample sums."""
         accum = self.cfg.trainer.grad_accum_steps
         loss, self._loss_scale = backward_micro_batch(
-            self.model, batch, self.loss_fn, accum=accum, deterministic=self.deterministic,
+            self.model, batch, self.train_loss, accum=accum, deterministic=self.deterministic,
             step_samples=self.sampler.global_batch_size * accum,
-            forecast_steps=self.cfg.trainer.loss.forecast_steps)
+            forecast_steps=self.cfg.trainer.loss.forecast_steps, ensemble_ranks=self.runtime.ens_size)
         return loss
 
     def validate(self) -> dict[str, float]:
@@ -340,8 +346,11 @@ class Trainer:
             trainer.max_steps, len(self.train_set),
         )
         if trainer.ensemble_size > 1:
-            log.info("an ensemble of %d members a sample on the batch axis, scored by %s; validation's RMSE is the "
-                     "ensemble mean's", trainer.ensemble_size, trainer.loss.function)
+            ens = self.runtime.ens_size
+            where = (f"spread over {ens} ranks ({trainer.ensemble_size // ens} a rank; trainer.parallelism.ensemble)"
+                     if ens > 1 else "on the batch axis")
+            log.info("an ensemble of %d members a sample %s, scored by %s; validation's RMSE is the "
+                     "ensemble mean's", trainer.ensemble_size, where, trainer.loss.function)
         stop_at = trainer.max_steps
         if trainer.steps_per_job:  # wall-clock-limited jobs: the next submission resumes
             stop_at = min(stop_at, self.step + trainer.steps_per_job)

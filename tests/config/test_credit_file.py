@@ -229,3 +229,14 @@ def test_predict_forecasts_become_rollout_init_times_and_leads(forecasts, inits,
     rollout = dict(pair.split("=", 1) for pair in mapping.overrides if pair.startswith("rollout."))
     assert rollout["rollout.init_times"] == "[" + ",".join(f"'{t}'" for t in inits) + "]"
     assert int(rollout["rollout.lead_steps"]) == leads
+
+
+def test_credits_ring_crps_is_the_fair_crps_with_one_member_a_rank():
+    """CREDIT's `ring-crps` puts one member on each data-parallel rank (its trainer refuses an
+    ensemble_size other than their number): here the fair CRPS over an ensemble axis of that
+    many ranks, one member each (its gradients: tests/parallel/test_ensemble_gather.py)."""
+    mapped = map_credit_file({"loss": {"training_loss": "ring-crps"}, "trainer": {"ensemble_size": 4, "mode": "ddp"}})
+    assert mapped.refused == [] and {"trainer.loss.function=almost_fair_crps", "trainer.parallelism.ensemble=4",
+                                      "trainer.ensemble_size=4"} <= set(mapped.overrides), mapped.overrides
+    refused = map_credit_file({"loss": {"training_loss": "ring-crps"}}).refused
+    assert len(refused) == 1 and "ring-crps" in refused[0] and "trainer.ensemble_size 1" in refused[0]

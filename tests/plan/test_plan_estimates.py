@@ -67,3 +67,20 @@ def test_frozen_parameters_hold_no_optimizer_state_in_the_plan_as_in_a_step(tiny
     assert (estimate.params, estimate.grads, estimate.optimizer) == \
         (measured["params"], measured["grads"], measured["optimizer"]), (estimate, measured)
     assert 0 < estimate.optimizer < 0.25 * estimate.params, estimate  # the moments of the noise layers only
+
+
+def test_an_ensemble_axis_is_traced_after_a_layout_without_one():
+    """`credit plan` traces the layouts of one run in one process: a dp2 x tp2 trace, then a
+    dp1 x ens2 x tp2 one with sequence parallelism, whose groups are numbered otherwise (DTensor's
+    cached specs would hand it the first trace's destroyed groups). The member blocks' gather
+    is counted on the ens group, and the gradients' reduction over dp x ens."""
+    ensemble = ["model=crossformer-ensemble", "model.noise_latent_dim=8", "model.dim=[8,16,32,64]",
+                "model.dim_head=4", "model.local_window_size=[2,2,2,1]", "model.global_window_size=[2,2,1,1]",
+                "trainer.ensemble_size=4", "trainer.loss.function=kcrps", "trainer.parallelism.data=fsdp2",
+                "trainer.parallelism.tensor=2"]
+    first = compose_config([*ensemble, "trainer.batch_size=1"])
+    trace_step(first, sample_shapes(first, (16, 32)), 4)
+    spread = compose_config([*ensemble, "trainer.batch_size=2", "trainer.parallelism.ensemble=2",
+                             "trainer.parallelism.sequence_parallel=true"])
+    trace = trace_step(spread, sample_shapes(spread, (16, 32)), 4)
+    assert trace.sent["ens"] > 0 and trace.sent["dp×ens"] > 0 and trace.collectives["tp"] > 0, trace
