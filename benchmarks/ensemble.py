@@ -4,12 +4,14 @@ different samples) and spread over ranks (the mesh's ensemble axis,
 `trainer.parallelism.ensemble` = min(ranks, members), the rest data-parallel).
 
     python benchmarks/ensemble.py [--members 4] [--steps 6] [--repeat 1] [--ranks 1,2,4]
+                                  [--device cpu|cuda] [--out FILE]
 
 CREDIT's `crossformer-ensemble` at a small size (stage widths 8..64) on a generated 16x32
 dataset, fast mode, FSDP2 over the ranks, one global batch of 4 samples, `OMP_NUM_THREADS=1`
 a rank. Each launch trains `--steps` steps; members per second is the median over the steps
 after the first two of metrics.csv's samples_per_s x members. The launches run interleaved
-(each rank count, both placements, then the reverse order). Prints the CPU model.
+(each rank count, both placements, then the reverse order). Prints the machine (the CPU
+model, or on `--device cuda` the GPU: one rank a GPU, so the GPU kit runs `--ranks 1`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ DATA = ["data.generate_if_missing=false", "data.levels=[500,850]", "data.train_p
 GLOBAL_BATCH = 4
 
 
-def members_per_second(data: Path, run: Path, ranks: int, spread: int, members: int, steps: int) -> float:
+def members_per_second(data: Path, run: Path, ranks: int, spread: int, members: int, steps: int,
+                       device: str = "cpu") -> float:
     """One launch on `ranks` ranks with each sample's members over `spread` of them."""
     dp = ranks // spread
     layout = ["trainer.parallelism.data=fsdp2"] if ranks > 1 else ["trainer.parallelism.data=none"]
@@ -42,7 +45,7 @@ def members_per_second(data: Path, run: Path, ranks: int, spread: int, members: 
                f"data.root={data}", f"trainer.batch_size={GLOBAL_BATCH // dp}", f"trainer.ensemble_size={members}",
                f"trainer.parallelism.ensemble={spread}", "trainer.loss.function=kcrps", f"trainer.max_steps={steps}",
                "trainer.valid_every_n_steps=0", "trainer.checkpoint.every_n_steps=0", "trainer.progress_bar=false",
-               f"run_dir={run}"]
+               f"trainer.device={device}", f"run_dir={run}"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -57,6 +60,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=1, help="rounds of the interleaved order")
     parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     cases = [(count, spread) for count in ranks
@@ -71,17 +76,27 @@ def main() -> None:
         order = [*cases, *reversed(cases)] * args.repeat
         for i, (count, spread) in enumerate(order):
             results[count, spread].append(members_per_second(data, Path(tmp) / f"run{i}", count, spread,
-                                                             args.members, args.steps))
-    print(f"{cpu_name()}, {os.cpu_count()} cores, OMP_NUM_THREADS=1 a rank; crossformer-ensemble (widths 8..64) "
-          f"on 16x32, {args.members} members a sample, global batch {GLOBAL_BATCH}, fast mode, FSDP2; "
-          f"median of steps 3..{args.steps} per launch, medians of {len(order) // len(cases)} launches, interleaved")
-    print("| ranks | members of a sample on | (dp, ens) | members / s | vs 1 rank |")
-    print("| ---: | --- | --- | ---: | ---: |")
+                                                             args.members, args.steps, args.device))
+    machine = cpu_name() if args.device == "cpu" else _gpu_name()
+    lines = [f"{machine}, {os.cpu_count()} CPU cores, OMP_NUM_THREADS=1 a rank; crossformer-ensemble (widths 8..64) "
+             f"on 16x32, {args.members} members a sample, global batch {GLOBAL_BATCH}, fast mode, FSDP2; median of "
+             f"steps 3..{args.steps} per launch, medians of {len(order) // len(cases)} launches, interleaved",
+             "| ranks | members of a sample on | (dp, ens) | members / s | vs 1 rank |",
+             "| ---: | --- | --- | ---: | ---: |"]
     base = statistics.median(results[cases[0]])
     for count, spread in cases:
         value = statistics.median(results[count, spread])
         where = "one rank" if spread == 1 else f"{spread} ranks"
-        print(f"| {count} | {where} | ({count // spread}, {spread}) | {value:.1f} | {value / base:.2f}x |")
+        lines.append(f"| {count} | {where} | ({count // spread}, {spread}) | {value:.1f} | {value / base:.2f}x |")
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 if __name__ == "__main__":

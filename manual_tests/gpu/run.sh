@@ -15,12 +15,13 @@
 # in deterministic mode (steps/s, peak GPU memory, and whether the two deterministic runs hold
 # the same bits); benchmarks/determinism.py, deterministic against fast train steps interleaved,
 # for each of CREDIT's three classes (nextgen_wxformer, the default experiment's, with its
-# time by operation family on the host and on the GPU; wxformer; crossformer). A failing step is reported and the next runs.
+# time by operation family on the host and on the GPU; wxformer; crossformer); benchmarks/ensemble.py,
+# an ensemble's members per second on the GPU. A failing step is reported and the next runs.
 #
 # Results go to $OUT (default: ./gpu_kit_out), named after the GPU, ready to commit to
 # benchmarks/results/: kit_<gpu>.md (versions, steps, tests, training), gemm_<gpu>.md,
 # determinism_<gpu>.md (nextgen_wxformer), determinism_<gpu>_wxformer.md,
-# determinism_<gpu>_crossformer.md, kit_<gpu>.log (everything printed). Exit 0 when every step passed.
+# determinism_<gpu>_crossformer.md, ensemble_<gpu>.md, kit_<gpu>.log (everything printed). Exit 0 when every step passed.
 #
 # --sizes: the kit at CREDIT's sizes, within 8 minutes: the kernel tests; benchmarks/gemm.py at
 # 4096^3 and at the projection shapes of CREDIT's 1-degree and 0.25-degree sections;
@@ -352,6 +353,9 @@ GEMM_OVERRIDES=()
 for o in "${EXPERIMENT[@]}"; do GEMM_OVERRIDES+=(--override "$o"); done
 step "benchmarks/gemm.py" 300 "$PYTHON" benchmarks/gemm.py \
     "${GEMM[@]}" "${GEMM_OVERRIDES[@]}" --out "$OUT/gemm_$SLUG.md"
+# an ensemble's members per second on one GPU (one rank a GPU: the placements over ranks need more)
+step "benchmarks/ensemble.py" $( ((DRY_RUN)) && echo 180 || echo 90) "$PYTHON" benchmarks/ensemble.py --ranks 1 \
+    --steps $( ((DRY_RUN)) && echo 3 || echo 10) --device $DEVICE --out "$OUT/ensemble_$SLUG.md"
 
 report
 cat "$SUMMARY"

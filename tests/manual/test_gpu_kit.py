@@ -36,7 +36,7 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path, python):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-6000:]
     assert sorted(p.name for p in out.iterdir()) == [
         "determinism_cpu_dry_run.md", "determinism_cpu_dry_run_crossformer.md", "determinism_cpu_dry_run_wxformer.md",
-        "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
+        "ensemble_cpu_dry_run.md", "gemm_cpu_dry_run.md", "kit_cpu_dry_run.log", "kit_cpu_dry_run.md"]
 
     kit = (out / "kit_cpu_dry_run.md").read_text()
     steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
@@ -44,7 +44,7 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path, python):
         "kernel tests", "train fast", "train deterministic (1)", "train deterministic (2)",
         "deterministic runs hold the same bits", "benchmarks/determinism.py",
         "benchmarks/determinism.py model=wxformer", "benchmarks/determinism.py model=crossformer",
-        "benchmarks/gemm.py"]
+        "benchmarks/gemm.py", "benchmarks/ensemble.py"]
     assert all(s.split("|")[2].strip() == "passed" for s in steps), kit
     assert "torch " + __import__("torch").__version__ in kit
     assert "tests collected" in kit.split("Kernel tests: ")[1].splitlines()[0]  # pytest's own line
@@ -53,6 +53,8 @@ def test_dry_run_runs_every_step_and_writes_the_reports(tmp_path, python):
     assert [r.split("|")[3].strip() for r in train_rows] == ["fast", "deterministic", "deterministic"]
     assert all(r.split("|")[5].strip() == "4" for r in train_rows)  # steps trained
 
+    ensemble = (out / "ensemble_cpu_dry_run.md").read_text()
+    assert "| 1 | one rank | (1, 1) |" in ensemble and "members a sample" in ensemble, ensemble
     gemm = (out / "gemm_cpu_dry_run.md").read_text()
     assert "## backend cpu on" in gemm and "| float32 | 8x64x64 |" in gemm  # the experiment's shapes
     assert "## backend triton: not available on this machine (no CUDA GPU)" in gemm
@@ -76,7 +78,7 @@ def test_out_of_time_the_report_says_which_steps_did_not_run(tmp_path, python):
     assert "failed steps: kernel tests train fast" in proc.stderr
     kit = (out / "kit_cpu_dry_run.md").read_text()
     steps = [line for line in kit.splitlines() if line.startswith("| ") and line.count("|") == 4][2:]
-    assert len(steps) == 9 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
+    assert len(steps) == 10 and all("**not run**: the kit's 1 s were spent" in s for s in steps), kit
     assert "**not checked (out of time)**" in kit
     assert "| fast | no finished run in" in kit
 
