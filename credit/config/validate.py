@@ -184,6 +184,8 @@ def validate_trainer(trainer: DictConfig) -> None:
            f"allowed: {list(PARALLEL_DATA_MODES)}")
     check(par.tensor >= 1, "trainer.parallelism.tensor", par.tensor, "must be >= 1")
     check(par.ensemble >= 1, "trainer.parallelism.ensemble", par.ensemble, "must be >= 1")
+    check(par.ensemble == 1 or trainer.ensemble_size > 1, "trainer.parallelism.ensemble", par.ensemble,
+          "> 1 spreads an ensemble's members over ranks: it needs trainer.ensemble_size > 1 (and a CRPS loss)")
     check(par.ensemble == 1 or trainer.ensemble_size % par.ensemble == 0, "trainer.parallelism.ensemble",
           par.ensemble, f"must divide trainer.ensemble_size={trainer.ensemble_size} (each rank of the ensemble "
           f"axis holds an equal share of a sample's members)")

@@ -5,9 +5,9 @@ tensor parallel -> activation checkpointing -> data parallel per block -> data p
 Data parallelism is FSDP2 (`fully_shard`: parameters sharded over `mesh["dp"]`) or DDP
 semantics through FSDP2's `replicate` (parameters replicated over `mesh["dp"]`, gradients
 all-reduced). With an ensemble axis the replicas are dp x ens (`replica_mesh`): the ranks
-of one sample's member blocks hold one model and add their gradients as dp ranks do. Both keep parameters as DTensors, so they compose with tensor parallelism
-and save/load through the same DCP state dicts; classic `DistributedDataParallel` cannot
-hold DTensor parameters.
+of one sample's member blocks hold one model and add their gradients as dp ranks do. Both
+keep parameters as DTensors, so they compose with tensor parallelism and save/load through
+the same DCP state dicts; classic `DistributedDataParallel` cannot hold DTensor parameters.
 
 The blocks wrapped one by one are named by the model's `_shard_units` (a container's
 children, or a single module); the parallelizer knows no class names. A block without

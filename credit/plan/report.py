@@ -141,8 +141,8 @@ def render(rows: Sequence[Row], gpu_memory_gib: float, usable: float, title: str
     lines = [f"## {title}", "", *([rows.model, ""] if isinstance(rows, Rows) and rows.model else []),
              f"Per rank, GiB (2^30 bytes); sent: GB (10^9 bytes) one rank sends per step (ring algorithms), "
              f"within its tensor-parallel group (tp) and across data-parallel replicas (dp, including groups "
-             f"of every rank and an ensemble's ens groups); step: the step's own memory above what is held; fits: the peak within "
-             f"{usable:.0%} of {gpu_memory_gib:g} GiB.", "",
+             f"of every rank and an ensemble's ens groups); step: the step's own memory above what is held; "
+             f"fits: the peak within {usable:.0%} of {gpu_memory_gib:g} GiB.", "",
              "| GPUs | layout | data | batch/rank | params | grads | optimizer | held | step | peak | tp sent | "
              "dp sent | collectives tp/dp | fits |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

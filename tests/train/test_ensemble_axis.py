@@ -38,6 +38,7 @@ DETERMINISTIC = [*MODEL, "model.gemm=deterministic"]
     (["trainer.parallelism.ensemble=2", "trainer.ensemble_size=4", "trainer.loss.function=kcrps",
       "trainer.parallelism.data=fsdp2", "model.gemm=deterministic", "trainer.batch_size=2"], "trainer.batch_size=2"),
     (["trainer.parallelism.ensemble=0"], "trainer.parallelism.ensemble=0"),
+    (["trainer.parallelism.ensemble=2", "trainer.parallelism.data=fsdp2"], "needs trainer.ensemble_size > 1"),
 ])
 def test_a_bad_ensemble_axis_is_one_error_naming_the_key(overrides, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
