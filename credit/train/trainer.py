@@ -91,6 +91,11 @@ class Trainer:
             self.load(source)
         elif self.cfg.trainer.credit_start.checkpoint:
             self._start_from_credit()
+        elif getattr(self.cfg.model, "freeze", False) and self.runtime.is_main:
+            log.warning("model.freeze=true (CREDIT's default: fine-tuning) with no checkpoint to start from: only "
+                        "the noise layers train and the CrossFormer keeps its random weights; start from a "
+                        "deterministic CrossFormer (trainer.resume=PATH, a CREDIT file's load_weights) or set "
+                        "model.freeze=false")
         self._build_loaders()
 
     def _build_data(self) -> None:

@@ -161,7 +161,14 @@ def test_credits_ensemble_fine_tunes_from_a_deterministic_crossformer(tmp_path, 
         tiny_data, "model=crossformer-ensemble", *CROSSFORMER, "model.noise_latent_dim=4", "trainer.max_steps=2",
         "trainer.valid_every_n_steps=0", "trainer.ensemble_size=2", "trainer.loss.function=kcrps",
         f"trainer.resume={tmp_path / 'checkpoint.pt'}", f"run_dir={run}")))
-    assert "noise weights start from their initialisation" in capfd.readouterr().out  # logs: stdout
+    out = capfd.readouterr().out  # logs: stdout
+    assert "noise weights start from their initialisation" in out and "no checkpoint to start from" not in out
+    # from scratch, CREDIT's freeze would keep the CrossFormer at its random weights: one warning
+    run_training(compose_config(tiny_data_overrides(
+        tiny_data, "model=crossformer-ensemble", *CROSSFORMER, "model.noise_latent_dim=4", "trainer.max_steps=1",
+        "trainer.valid_every_n_steps=0", "trainer.ensemble_size=2", "trainer.loss.function=kcrps",
+        f"run_dir={tmp_path / 'scratch'}")))
+    assert capfd.readouterr().out.count("model.freeze=true (CREDIT's default: fine-tuning) with no checkpoint") == 1
     rows = read_metrics(run / "metrics.csv")
     assert [r["step"] for r in rows if r["split"] == "train"] == ["1", "2"]
     valid = read_metrics(run / "metrics.csv", split="valid")[-1]  # the noise spreads the members

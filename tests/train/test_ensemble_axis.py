@@ -26,7 +26,8 @@ MODEL = ["model=crossformer-ensemble", "model.noise_latent_dim=8", "model.dim=[8
          "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]", "model.padding_conf.pad_lon=[0,0]",
          "model.attn_dropout=0.1", "model.ff_dropout=0.1", "trainer.max_steps=4", "trainer.valid_every_n_steps=2",
          "trainer.checkpoint.every_n_steps=2", "data.valid_samples=4", "trainer.ema.enabled=true",
-         "trainer.ensemble_size=4", "trainer.loss.function=kcrps", "trainer.parallelism.data=fsdp2"]
+         "trainer.ensemble_size=4", "trainer.loss.function=kcrps", "trainer.parallelism.data=fsdp2",
+         "model.freeze=false"]  # every weight trains: every weight gradient's tree is compared
 DETERMINISTIC = [*MODEL, "model.gemm=deterministic"]
 
 
@@ -105,7 +106,7 @@ def test_members_over_ranks_in_fast_mode_train_as_one_process_within_rounding(ti
     their indexed noise only) the losses and gradient norms are one process's within
     rounding, where a missing factor would halve every gradient norm."""
     fast = [*MODEL, "model.attn_dropout=0", "model.ff_dropout=0", "trainer.batch_size=1", "trainer.max_steps=3",
-            "trainer.valid_every_n_steps=3", "trainer.checkpoint.every_n_steps=0", "model.freeze=false"]
+            "trainer.valid_every_n_steps=3", "trainer.checkpoint.every_n_steps=0"]
     _train(tiny_data, tmp_path / "one", 1, *fast)
     _train(tiny_data, tmp_path / "ens2", 2, *fast, "trainer.parallelism.ensemble=2", "trainer.parallelism.data=ddp")
     one, spread = (read_metrics(tmp_path / name / "metrics.csv") for name in ("one", "ens2"))
