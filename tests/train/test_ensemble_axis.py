@@ -1,19 +1,23 @@
 """An ensemble's members spread over ranks (`trainer.parallelism.ensemble`, the mesh's "ens"
 axis between dp and tp): the keys' rules, the global row each member's randomness is keyed
 on, and `credit train` in deterministic mode giving one process's bits with members split
-over ranks, beside tensor and sequence parallelism, beside data parallelism, and resumed in
-one process; in fast mode, the same losses and gradient norms within rounding.
+over ranks, beside tensor and sequence parallelism, beside data parallelism, and killed and
+resumed in one process; in fast mode, the same losses and gradient norms within rounding.
 
 CREDIT's noise-injecting CrossFormer with dropout 0.1 and four members a sample, its KCRPS.
 """
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from test_deterministic_training import _same_bits
 from tiny import tiny_data_overrides
 from launches import credit_command
+from processes import kill_last_rank
 
 from credit.config import ConfigError, compose_config
 from credit.models.dropout import DropoutStep, MemberBlock, global_rows
@@ -89,13 +93,27 @@ def test_members_over_ranks_beside_tensor_and_sequence_parallelism_are_one_proce
     _same_bits(tmp_path / "one", tmp_path / "ens2_tp2_sp")
 
 
-def test_members_over_ranks_beside_data_parallelism_resume_in_one_process_with_its_bits(tiny_data, tmp_path):
-    """dp2 x ens2 (one sample and two members a rank) for two steps, then resumed from its
-    checkpoint by one process holding both samples' members: one process's bits throughout."""
+def test_members_over_ranks_beside_data_parallelism_killed_and_resumed_in_one_process_keep_its_bits(
+        tiny_data, tmp_path):
+    """dp2 x ens2 (one sample and two members a rank), one rank SIGKILLed after step 3 (between
+    the checkpoints of steps 2 and 4), then resumed from step 2 by one process holding both
+    samples' members: one process's bits throughout."""
     _train(tiny_data, tmp_path / "one", 1, *DETERMINISTIC, "trainer.batch_size=2")
-    run = tmp_path / "dp2_ens2_then_one"
-    _train(tiny_data, run, 4, *DETERMINISTIC, "trainer.batch_size=1", "trainer.parallelism.ensemble=2",
-           "trainer.max_steps=2")
+    run = tmp_path / "dp2_ens2_killed"
+    launch = [sys.executable, "-m", "credit.cli", "train", "--nproc", "4",
+              *tiny_data_overrides(tiny_data, *DETERMINISTIC, "trainer.batch_size=1", "trainer.parallelism.ensemble=2",
+                                   f"run_dir={run}")]
+    # lowest priority for the ranks: on a loaded machine this watcher still kills in time
+    agent = subprocess.Popen(launch, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: os.nice(19))
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and agent.poll() is None:
+        metrics = run / "metrics.csv"
+        if metrics.exists() and sum(",train," in line for line in metrics.read_text().splitlines()) >= 3:
+            assert kill_last_rank(agent.pid) == 3
+            break
+        time.sleep(0.02)
+    assert agent.wait(timeout=120) != 0, "the run finished before the kill after step 3"
     _train(tiny_data, run, 1, *DETERMINISTIC, "trainer.batch_size=2", "trainer.resume=auto")
     _same_bits(tmp_path / "one", run)
 
