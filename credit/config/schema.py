@@ -82,6 +82,8 @@ class CreditDataConfig:
     # scales (bare names; null: every variable the file has a scaler for)
     source_name: str = "ERA5"
     scaled_variables: Optional[List[str]] = None
+    # ... and of those, the 2-D variables whose scalers hold one statistic per grid point
+    spatial_variables: List[str] = field(default_factory=list)
 
 
 @dataclass

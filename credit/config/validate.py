@@ -115,6 +115,13 @@ def _validate_credit_gen2(data: DictConfig) -> None:
                "null without data.credit.files.bridgescaler")
         check(credit.scaled_variables is None, "data.credit.scaled_variables", credit.scaled_variables,
                "null without data.credit.files.bridgescaler (the era5_normalizer scales what its files hold)")
+        check(not credit.spatial_variables, "data.credit.spatial_variables", list(credit.spatial_variables),
+               "empty without data.credit.files.bridgescaler (per-grid-point scalers are a bridgescaler file's)")
+    flat = [*v.surface, *v.forcing, *v.static, *v.diagnostic]
+    scaled = flat if credit.scaled_variables is None else [n for n in flat if n in credit.scaled_variables]
+    for name in credit.spatial_variables:
+        check(name in scaled, "data.credit.spatial_variables", list(credit.spatial_variables),
+              f"2-D variables the bridgescaler scales ({scaled}); {name!r} is not one")
     check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
            "false with data.layout=credit-gen2 (`credit data generate --layout credit-gen2` writes such data)")
 

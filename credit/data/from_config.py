@@ -100,6 +100,7 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
         history_len=data.history_len, forecast_len=forecast_len,
         clamp=None if credit.clamp is None else list(credit.clamp), source_name=credit.source_name,
         scaled=None if credit.scaled_variables is None else list(credit.scaled_variables),
+        spatial=list(credit.spatial_variables),
     )
 
 

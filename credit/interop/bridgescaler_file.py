@@ -5,9 +5,10 @@ A file nests one fitted scaler per variable as {data type: {source: {var key: sc
 types `input` and `target` are fitted on different samples, so a variable's input and target
 statistics differ; a var key is `SOURCE/FIELD_TYPE/3d|2d/NAME`. The z-score scaler
 (`DStandardScalerTensor`, channels first: one mean and variance per level of a 3-D variable, one
-for a 2-D one) is read here; CREDIT's transform is `(x - mean) / sqrt(var)` and its inverse
-`x * sqrt(var) + mean`, in float32 with torch's sqrt. Quantile and min-max scalers, channels-last and per-grid-point
-scalers are refused by name.
+for a 2-D one, or one per grid point for a 2-D variable the blocks name in `spatial_variables`)
+is read here; CREDIT's transform is `(x - mean) / sqrt(var)` and its inverse `x * sqrt(var) +
+mean`, in float32 with torch's sqrt. Quantile and min-max scalers and channels-last ones are
+refused by name.
 
 Files are written with bridgescaler (`write_standard_scalers`) but read by `read_scaler_file`
 here, which decodes bridgescaler's JSON encoding itself (a scaler per leaf, as a JSON string of
@@ -48,11 +49,14 @@ SIDE_ROLES = {"input": ("upper_air", "surface", "dynamic_forcing", "static"),
 
 
 def data_statistics(path: Path, side: str, names: Mapping[str, Sequence[str]], source: str,
-                    scaled: Sequence[str] | None, levels: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+                    scaled: Sequence[str] | None, levels: int, spatial: Sequence[str] = (),
+                    grid: tuple[int, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """({variable: mean}, {variable: std}) of `side` for the `scaled` variables of `names` (role ->
     bare names; None: every variable the file scales), shaped as a field takes them (a level
-    profile (levels, 1, 1) for upper-air variables, a number otherwise); a variable the file
-    does not scale is absent (CREDIT's preblock passes it through as stored)."""
+    profile (levels, 1, 1) for upper-air variables, a number otherwise, the (lat, lon) `grid` for
+    the `spatial` ones, whose scaler holds one statistic per grid point in row-major order, as
+    CREDIT flattens a (batch, 1, 1, lat, lon) tensor); a variable the file does not scale is
+    absent (CREDIT's preblock passes it through as stored)."""
     scalers = read_standard_scalers(path, side)
     wanted = None if scaled is None else set(scaled)
     known = {v for role_names in names.values() for v in role_names}
@@ -70,10 +74,23 @@ def data_statistics(path: Path, side: str, names: Mapping[str, Sequence[str]], s
                     raise DataError(f"{path} has no {side} scaler for {key} (its {side} scalers: {sorted(scalers)})")
                 continue
             mean, std = scalers[key]
+            if var in spatial:
+                if role == "upper_air" or grid is None:
+                    raise DataError(f"{key} is scaled per grid point; only 2-D variables can be (CREDIT flattens "
+                                    "a single-level, single-time tensor)")
+                if mean.size != grid[0] * grid[1]:
+                    raise DataError(f"{path}: the {side} scaler of {key} holds {mean.size} values; scaled per grid "
+                                    f"point (spatial_variables) on the data's {grid[0]}x{grid[1]} grid it needs "
+                                    f"{grid[0] * grid[1]} (one per latitude-longitude point)")
+                means[var], stds[var] = mean.reshape(grid), std.reshape(grid)
+                continue
             channels = levels if role == "upper_air" else 1
             if mean.size != channels:
+                gridded = grid is not None and role != "upper_air" and mean.size == grid[0] * grid[1]
                 raise DataError(f"{path}: the {side} scaler of {key} holds {mean.size} channels; the data give {var} "
-                                f"{channels}, matched by position as CREDIT's scaler matches them")
+                                f"{channels}, matched by position as CREDIT's scaler matches them"
+                                + ("; one per grid point: the blocks' spatial_variables name the variables so "
+                                   "fitted" if gridded else ""))
             shape = (-1, 1, 1) if role == "upper_air" else ()
             means[var], stds[var] = mean.reshape(shape), std.reshape(shape)
     return means, stds

@@ -71,9 +71,6 @@ def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
     if sorted(args.get("data_types") or ["input", "target"]) != ["input", "target"]:
         return (f"{key}.data_types: {list(args['data_types'])}; this project scales input and target alike "
                 "(data_types: [input, target], CREDIT's default)")
-    if args.get("spatial_variables"):
-        return (f"{key}.spatial_variables: {list(args['spatial_variables'])}; per-grid-point scalers are not read "
-                "here (one mean and variance per level are)")
     if not args.get("scaler_path"):
         return f"{key}.scaler_path: missing (the bridgescaler file `credit preprocess` writes)"
     keys = source_var_keys(conf)
@@ -82,10 +79,27 @@ def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
         string = (" (a string: CREDIT reads it as a list of its characters and scales nothing; give a list)"
                   if isinstance(args.get("variables"), str) else "")
         return f"{key}.variables: {args.get('variables')!r} selects none of the source's variables{string}"
+    spatial = spatial_selection(args, keys)
+    if set(spatial) - set(names):
+        return (f"{key}.spatial_variables: {sorted(set(spatial) - set(names))} are not among the scaled variables "
+                "(CREDIT's bridgescaler_transform raises: spatial_variables must also be selected by `variables`)")
+    upper = [k for k, v in keys.items() if v in spatial and k.split("/")[2] == "3d"]
+    if upper:
+        return (f"{key}.spatial_variables: {upper[0]} is 3-D; per-grid-point scaling takes single-level variables "
+                "(CREDIT's scaler raises on a level axis longer than 1)")
+    if spatial and int(dict(conf.get("data") or {}).get("history_len", 1) or 1) > 1:
+        return (f"{key}.spatial_variables with data.history_len > 1: CREDIT's per-grid-point scaler needs one time "
+                "per tensor and raises on the history frames")
     source = next(iter(dict(dict(conf.get("data") or {}).get("source") or {"ERA5": None})))
     # scaler_type and scaler_params only shape a scaler being fitted (`credit preprocess`)
     return [("data.credit.files.bridgescaler", expand(args["scaler_path"])), ("data.credit.source_name", source),
-            ("data.credit.scaled_variables", names)]
+            ("data.credit.scaled_variables", names), *([("data.credit.spatial_variables", spatial)] * bool(spatial))]
+
+
+def spatial_selection(args: Mapping[str, Any], keys: Mapping[str, str]) -> list[str]:
+    """The bare names a scaler block's `spatial_variables` select (none when it is empty, unlike
+    `variables`)."""
+    return selected(args["spatial_variables"], keys) if args.get("spatial_variables") else []
 
 
 def preblocks(value: Any, conf: Mapping[str, Any]):
@@ -147,8 +161,6 @@ def _inverse_scaler(where: str, args: Mapping[str, Any], conf: Mapping[str, Any]
         return f"{where}.args.method: {args['method']!r}; a postblock scaler's inverse_transform is read here"
     if args.get("key", "y_processed") not in ("y_processed", "y_target_processed"):
         return f"{where}.args.key: {args['key']!r}; the prediction (y_processed) and its target twin are read here"
-    if args.get("spatial_variables"):
-        return f"{where}.args.spatial_variables: per-grid-point scalers are not read here"
     pre = preblock_scaler(conf)
     if pre is None:
         return f"{where}: an inverse scaler is read with a preblock bridgescaler_transform"
@@ -159,6 +171,9 @@ def _inverse_scaler(where: str, args: Mapping[str, Any], conf: Mapping[str, Any]
     if selected(args.get("variables"), outputs) != selected(pre.get("variables"), outputs):
         return (f"{where}.args.variables: {args.get('variables')!r}; the inverse must undo exactly the output "
                 f"variables the preblock scaled ({selected(pre.get('variables'), outputs)})")
+    if spatial_selection(args, outputs) != spatial_selection(pre, outputs):
+        return (f"{where}.args.spatial_variables: {args.get('spatial_variables')!r}; the inverse must scale per grid "
+                f"point exactly the output variables the preblock did ({spatial_selection(pre, outputs)})")
     return None
 
 

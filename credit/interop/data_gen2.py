@@ -25,7 +25,8 @@ matched by position (`stats_levels`, 1-indexed, or the file's whole level axis),
 value, as CREDIT matches them. With a bridgescaler file instead (CREDIT's
 `bridgescaler_transform` preblock, `bridgescaler_file`), the `scaled` variables take
 `(x - mean) / sqrt(var)` in float32, inputs with the file's input scalers and targets with its
-target scalers, one per level in the data's level order; the others pass through as stored.
+target scalers, one per level in the data's level order (one per grid point for the `spatial`
+2-D variables, CREDIT's `spatial_variables`); the others pass through as stored.
 Forecasts are de-normalised with the target scalers of `bridgescaler_inverse` (CREDIT's inverse
 postblocks' file) when it is given.
 `clamp` bounds every value afterwards.
@@ -77,7 +78,7 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     `stats_levels` are the normaliser's 1-indexed positions on the statistics' level axis.
     `files["bridgescaler"]`, when given, replaces the mean and std files: the bridgescaler
     file's scalers of `source_name`'s `scaled` variables (bare names; None: every variable the
-    file has a scaler for).
+    file has a scaler for); the `spatial` ones (2-D) have one statistic per grid point.
     `forecast_len` counts target steps, as CREDIT's gen2 does. Raises :class:`DataError`
     naming the file, variable or time of any mismatch with the files.
     """
@@ -89,7 +90,7 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                  diagnostic: Sequence[str], levels: Sequence[float] | None, period: tuple[str, str],
                  timestep: str, level_coord: str = "level", stats_levels: Sequence[int] | None = None,
                  history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None,
-                 source_name: str = "ERA5", scaled: Sequence[str] | None = None):
+                 source_name: str = "ERA5", scaled: Sequence[str] | None = None, spatial: Sequence[str] = ()):
         self.root = Path(root)
         self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
                           dynamic_forcing=list(dynamic_forcing), static=list(static), diagnostic=list(diagnostic))
@@ -106,6 +107,7 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
             raise DataError(f"timestep {timestep!r} is not a time span (e.g. '6h'): {err}") from None
         if self.step_ns <= 0:
             raise DataError(f"timestep {timestep!r} must be positive")
+        self.spatial = list(spatial)
         self._stores: dict[Path, object] = {}
         self._time_rows: dict[Path, dict[int, int]] = {}
         self.files = {role: self._role_files(files, role) for role in ("prognostic", "dynamic_forcing", "diagnostic")
@@ -277,7 +279,8 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
         path = found[0][0] if found else self.root / file  # data_statistics says it does not exist
         levels = len(self.level_values) if self.level_values is not None else 0
         return tuple(table for side in sides
-                     for table in data_statistics(path, side, self.names, source_name, scaled, levels))
+                     for table in data_statistics(path, side, self.names, source_name, scaled, levels,
+                                                  self.spatial, tuple(self.grid_shape)))
 
     def _check_stat_levels(self, path: Path, stat, rows: list[int]) -> None:
         """CREDIT matches statistics to levels by position; say so when their own level
@@ -382,21 +385,23 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
         return self.names["static"] + self.names["dynamic_forcing"]
 
     def _stat(self, table: dict[str, np.ndarray], missing: float) -> np.ndarray:
+        """(C,) per output channel, or (C, lat, lon) when a channel's statistics are per grid point."""
         values = []
         for v in self.names["upper_air"]:
-            stat = table.get(v, np.full(1, missing, np.float32)).reshape(-1)
-            values.append(np.broadcast_to(stat, (len(self.levels),)) if stat.size == 1 else stat)
+            stat = table.get(v, np.full(1, missing, np.float32)).reshape(-1, 1, 1)
+            values.append(np.broadcast_to(stat, (len(self.levels), 1, 1)) if stat.size == 1 else stat)
         for v in self.names["surface"] + self.names["diagnostic"]:
-            stat = table.get(v, np.full(1, missing, np.float32))
-            if stat.size != 1:
-                raise DataError(f"{v}'s statistics vary over the grid; forecasts de-normalise one number per channel")
-            values.append(stat.reshape(1))
-        return np.concatenate(values).astype(np.float64)
+            stat = np.asarray(table.get(v, np.full(1, missing, np.float32)))
+            values.append(stat.reshape(1, *stat.shape) if stat.ndim == 2 else stat.reshape(1, 1, 1))
+        if all(v.shape[1:] == (1, 1) for v in values):
+            return np.concatenate(values).reshape(-1).astype(np.float64)
+        return np.concatenate([np.broadcast_to(v, (len(v), *self.grid_shape)) for v in values]).astype(np.float64)
 
     @property
     def target_mean(self) -> np.ndarray:
         """What de-normalises the outputs (forecasts, physical-unit losses): the normaliser's, or
-        the target scalers of the bridgescaler file the inverse postblocks name."""
+        the target scalers of the bridgescaler file the inverse postblocks name; per channel, or
+        per channel and grid point (credit/data/target_statistics.py)."""
         return self._stat(self._output_mean, 0.0)
 
     @property

@@ -12,7 +12,7 @@ stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs
 - the normaliser's statistics: the `era5_normalizer`'s mean and std files (a level axis long
   enough for its `levels` positions), or the bridgescaler files of the `bridgescaler_transform`
   pre- and postblocks and of `loss.args.scaler_path` (input and target z-score scalers), each the
-  mean and std of the generated training times;
+  mean and std of the generated training times (per grid point for the blocks' `spatial_variables`);
 - DIR/<the file's name>: the file with the paths above, `save_loc` and `inference.save_forecast`
   under DIR, the training and validation periods cut to their first `days` days, or to one
   global batch of the file's `train_batch_size` or a forecast of the default `rollout.lead_steps`
@@ -38,6 +38,7 @@ import yaml
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
+from credit.interop.config_gen2_blocks import source_var_keys, spatial_selection
 from credit.interop.generate_like_gen1 import generate_like_gen1
 from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
 from credit.interop.paths import expand
@@ -167,6 +168,12 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
     static_store = next((_store_path(out, t, periods["data"][0]) for t, groups in templates.items()
                          if any(g[0] == "static" for g in groups)), None)
     scaler_files: set[str] = set()
+    keys = source_var_keys(conf)
+    spatial: set[str] = set()
+    for phase in [*dict(conf.get("preblocks") or {}).values(), *dict(conf.get("postblocks") or {}).values()]:
+        for block in dict(phase or {}).values():
+            if dict(block or {}).get("type") == "bridgescaler_transform":
+                spatial.update(spatial_selection(dict(block.get("args") or {}), keys))
     for phase in dict(conf.get("preblocks") or {}).values():
         for block in dict(phase or {}).values():
             args = dict(block or {}).get("args") or {}
@@ -192,8 +199,9 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
         if holder.get("latitude_weights") and static_store is not None:
             holder["latitude_weights"] = str(static_store)
     for file in scaler_files:
-        write_standard_scalers(file, {side: {var_key(source, role, v): training_stats(training[v]) for role in roles
-                                             for v in names[role]} for side, roles in SIDE_ROLES.items()})
+        write_standard_scalers(file, {side: {var_key(source, role, v): training_stats(training[v], v in spatial)
+                                             for role in roles for v in names[role]}
+                                      for side, roles in SIDE_ROLES.items()})
     conf["save_loc"] = str(out / "run")
     inference = conf.get("inference")
     if isinstance(inference, dict):

@@ -74,8 +74,14 @@ def resized_model(model: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, 
     return out
 
 
-def training_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std (float64) of a (time, [level,] lat, lon) field: per level, or one each."""
+def training_stats(values: np.ndarray, per_point: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std (float64) of a (time, [level,] lat, lon) field: per level, or one each; with
+    `per_point` (a 2-D field scaled per grid point) one of each per (lat, lon) point, over time,
+    where a point that does not vary takes the whole field's std (a scaler divides by it)."""
+    if per_point:
+        whole = values.std(dtype=np.float64)
+        std = values.std(axis=0, dtype=np.float64)
+        return values.mean(axis=0, dtype=np.float64), np.where(std > 0, std, whole if whole > 0 else 1.0)
     axes = (0, 2, 3) if values.ndim == 4 else tuple(range(values.ndim))
     return values.mean(axis=axes, dtype=np.float64), values.std(axis=axes, dtype=np.float64)
 

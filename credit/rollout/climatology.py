@@ -15,6 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from credit.data import build_dataset, evenly_spaced
+from credit.data.target_statistics import as_fields
 
 
 def training_climatology(data: DictConfig, samples: int) -> np.ndarray:
@@ -28,7 +29,6 @@ def training_climatology(data: DictConfig, samples: int) -> np.ndarray:
         total = frame if total is None else total + frame
     mean = total / len(indices)
     if dataset.normalize:
-        mean = mean * dataset.target_std.astype(np.float64)[:, None, None] \
-            + dataset.target_mean.astype(np.float64)[:, None, None]
+        mean = mean * as_fields(dataset.target_std) + as_fields(dataset.target_mean)
     dataset.close()
     return mean

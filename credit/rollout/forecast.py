@@ -18,6 +18,7 @@ from torch import nn
 
 from credit.data import ERA5Dataset, variable_spec
 from credit.data.from_config import credit_gen1_dataset, credit_gen2_dataset
+from credit.data.target_statistics import as_fields
 from credit.models.dropout import dropout_step
 from credit.models.inputs import predict
 from credit.rollout.errors import RolloutError
@@ -57,9 +58,9 @@ class Forecaster:
         self.state_channels = len(dataset.state_channel_names)
         self.step = dataset.step_ns
         self._index = {int(t): i for i, t in enumerate(dataset.times.astype(np.int64))}
-        mean, std = dataset.target_mean.astype(np.float64), dataset.target_std.astype(np.float64)
-        self._mean = mean[:, None, None] if dataset.normalize else np.zeros((len(mean), 1, 1))
-        self._std = std[:, None, None] if dataset.normalize else np.ones((len(std), 1, 1))
+        mean, std = as_fields(dataset.target_mean), as_fields(dataset.target_std)
+        self._mean = mean if dataset.normalize else np.zeros((len(mean), 1, 1))
+        self._std = std if dataset.normalize else np.ones((len(std), 1, 1))
 
     def _sample(self, first_input_time: int) -> dict[str, torch.Tensor]:
         if first_input_time not in self._index:  # CREDIT's layout: a sample stays in its yearly file

@@ -19,9 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from credit.data.target_statistics import as_fields, channel_variance
 
 from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
 
@@ -112,7 +115,8 @@ ERRORS = {
 
 class WeightedLoss(nn.Module):
     """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target);
-    with `physical=(std, mean)` per channel, the error of x * std + mean of both."""
+    with `physical=(std, mean)` (per channel (C,), or per channel and grid point (C, H, W)), the
+    error of x * std + mean of both."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
                  huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -126,7 +130,8 @@ class WeightedLoss(nn.Module):
         self.physical = physical is not None
         if physical is not None:
             for name, stat in zip(("std", "mean"), physical):
-                self.register_buffer(name, torch.as_tensor(stat, dtype=torch.float32).view(1, -1, 1, 1),
+                stat = torch.as_tensor(stat, dtype=torch.float32)
+                self.register_buffer(name, stat.view(1, -1, 1, 1) if stat.ndim == 1 else stat.unsqueeze(0),
                                      persistent=False)
 
     def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -146,15 +151,16 @@ class WeightedLoss(nn.Module):
 
 
 def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torch.Tensor,
-                  target_std: Sequence[float], target_mean: Sequence[float]) -> WeightedLoss:
+                  target_std: np.ndarray, target_mean: np.ndarray) -> WeightedLoss:
     """The loss `trainer.loss` (its schema: credit/config/schema.py LossConfig) describes, for
-    output channels of `channel_variables` whose data statistics are `target_std`, `target_mean`."""
-    std = torch.as_tensor(list(map(float, target_std)), dtype=torch.float32)
-    mean = torch.as_tensor(list(map(float, target_mean)), dtype=torch.float32)
+    output channels of `channel_variables` whose data statistics are `target_std`, `target_mean`
+    (credit/data/target_statistics.py: per channel, or per channel and grid point)."""
+    std = torch.as_tensor(as_fields(target_std), dtype=torch.float32)
+    mean = torch.as_tensor(as_fields(target_mean), dtype=torch.float32)
     if not loss.latitude_weighting:
         lat_weights = torch.ones_like(lat_weights)
     if loss.combine == "variables":
-        variance = std.double() ** 2 if loss.inverse_variance else None
+        variance = channel_variance(std.double().numpy()) if loss.inverse_variance else None
         weights = variable_mean_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights,
                                         variance)
     else:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from credit.data.target_statistics import as_fields
 from credit.models.dropout import dropout_step
 from credit.train.ensemble import with_members
 from credit.train.forecast import forecast_steps
@@ -46,13 +47,13 @@ def evaluate(
     """Skill over `batches` at their last target step (the lead: each batch's forecast
     rolls out autoregressively to it): `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
 
-    RMSE is in physical units (normalized error times the channel's std), latitude
+    RMSE is in physical units (normalized error times the channel's std, or the grid point's), latitude
     weighted, pooled over samples, levels and grid points of each variable. Persistence
     (the last input frame as the forecast at the lead) exists for prognostic variables only.
     """
     was_training = model.training
     model.eval()
-    std = torch.as_tensor(np.asarray(target_std), dtype=torch.float64).view(1, -1, 1, 1)
+    std = torch.as_tensor(as_fields(target_std)).unsqueeze(0)  # (1, C, 1 or lat, 1 or lon)
     weights = lat_weights.to(torch.float64).view(1, 1, -1, 1)
     model_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
     spread_sq = torch.zeros(len(channel_variables), dtype=torch.float64)

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import xarray as xr
 import yaml
@@ -30,6 +31,7 @@ WHOLE_FILES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "cr
                           / "whole_files.json").read_text())["files"]
 # (file, --grid): the smallest grids whose boundary padding tiles each model's windows
 GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
+              ("config/gen_2/examples/example-end-to-end.yml", (32, 64)),
               ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_casper.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64)),
@@ -87,6 +89,26 @@ def test_credits_example_trains_two_steps_and_rolls_out(tmp_path):
     files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
     with xr.open_dataset(files[0]) as ds:
         assert "temperature" in ds.data_vars and bool(ds["temperature"].notnull().all())
+
+
+def test_the_end_to_end_example_scales_sp_per_grid_point_trains_and_forecasts(tmp_path):
+    """CREDIT's `example-end-to-end.yml`: SP scaled per grid point (its bridgescaler file, as
+    generated, holds one statistic per point), BaseLoss in physical units; two steps with a
+    validation, then a forecast whose SP is back in the data's units."""
+    copy = _like(tmp_path, "config/gen_2/examples/example-end-to-end.yml", (32, 64))
+    common = ["--credit-config", str(copy)]
+    trained = credit_command("train", *common, "trainer.max_steps=2", "trainer.valid_every_n_steps=2",
+                             "trainer.progress_bar=false", env=ENV)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
+    assert sum(",train," in row for row in rows) == 2 and sum(",valid," in row for row in rows) == 1
+    forecast = credit_command("rollout", *common, "rollout.lead_steps=1", env=ENV)
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
+    truth = sorted((tmp_path / "data").glob("**/ERA5_mlevel_1deg_6h_subset_*"))[0]
+    with xr.open_dataset(files[0]) as ds, xr.open_zarr(truth) as data:
+        sp = ds["SP"].values
+        assert bool(np.isfinite(sp).all()) and abs(float(sp.mean()) - float(data["SP"].mean())) < 5 * float(data["SP"].std())
 
 
 def test_a_grid_the_windows_cannot_tile_is_one_error(tmp_path):

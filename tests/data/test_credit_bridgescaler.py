@@ -143,9 +143,6 @@ def test_a_bridgescaler_file_that_cannot_scale_is_one_line(tmp_path):
 def test_what_the_mapping_refuses_is_one_line_naming_the_key():
     conf = credit_config(loss=dict(training_loss="mse", var_weighting="learnable"))
     assert map_credit_file(conf).refused[0].startswith("loss.args.var_weighting: 'learnable'")
-    conf = credit_config()
-    conf["preblocks"]["per_step"]["scaler"]["args"]["spatial_variables"] = ["ERA5/prognostic/2d/SP"]
-    assert map_credit_file(conf).refused[0].startswith("preblocks.per_step.scaler.args.spatial_variables")
     conf = credit_config(loss=dict(training_loss="mse"))
     del conf["postblocks"]["per_step"]["scaler_target"]
     assert map_credit_file(conf).refused[0].startswith("loss.type: base scores the postblocks' physical units")
