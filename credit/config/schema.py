@@ -62,6 +62,29 @@ class CreditFiles:
 
 
 @dataclass
+class CreditFillRule:
+    """A rule of CREDIT's fill_values preblock: values matching `search` (null: NaN; a number:
+    compared with `op`, which NaN never matches) become `fill`."""
+
+    search: Optional[float] = None
+    op: str = "=="
+    fill: float = 0.0
+
+
+@dataclass
+class CreditTransform:
+    """One of CREDIT's pointwise gen2 blocks (credit/interop/pointwise_blocks.py): `kind` log,
+    sqrt or fill in `data.credit.transforms` (preblocks, before the scaler), exp or square in
+    `data.credit.output_inverse` (postblocks, after the inverse scaler); on `variables` (bare names)."""
+
+    kind: str = "log"
+    variables: List[str] = field(default_factory=list)
+    base: str = "e"  # log and exp: e, 2 or 10
+    eps: float = 1e-8  # log and exp
+    rules: List[CreditFillRule] = field(default_factory=list)  # fill
+
+
+@dataclass
 class CreditDataConfig:
     """`data.layout=credit-gen1|credit-gen2`: CREDIT's files as CREDIT's datasets read them
     (credit/interop/data_gen1.py, data_gen2.py). `data.variables.forcing` are CREDIT's
@@ -84,6 +107,9 @@ class CreditDataConfig:
     scaled_variables: Optional[List[str]] = None
     # ... and of those, the 2-D variables whose scalers hold one statistic per grid point
     spatial_variables: List[str] = field(default_factory=list)
+    # gen2: CREDIT's pointwise preblocks (log, sqrt) in their order, and the postblocks' inverses
+    transforms: List[CreditTransform] = field(default_factory=list)
+    output_inverse: List[CreditTransform] = field(default_factory=list)
 
 
 @dataclass

@@ -117,6 +117,22 @@ def _validate_credit_gen2(data: DictConfig) -> None:
                "null without data.credit.files.bridgescaler (the era5_normalizer scales what its files hold)")
         check(not credit.spatial_variables, "data.credit.spatial_variables", list(credit.spatial_variables),
                "empty without data.credit.files.bridgescaler (per-grid-point scalers are a bridgescaler file's)")
+    every = [*v.upper_air, *v.surface, *v.forcing, *v.static, *v.diagnostic]
+    for key, kinds, names in (("transforms", ("log", "sqrt", "fill"), every),
+                              ("output_inverse", ("exp", "square"), [*v.upper_air, *v.surface, *v.diagnostic])):
+        for i, block in enumerate(credit[key]):
+            where = f"data.credit.{key}[{i}]"
+            check(block.kind in kinds, f"{where}.kind", block.kind, f"one of {list(kinds)}")
+            check(block.base in ("e", "2", "10"), f"{where}.base", block.base, "e, 2 or 10")
+            check(block.eps > 0 and math.isfinite(block.eps), f"{where}.eps", block.eps, "a number > 0")
+            check(bool(block.rules) == (block.kind == "fill"), f"{where}.rules", list(block.rules),
+                  "rules for kind fill (and only for it)")
+            for j, rule in enumerate(block.rules):
+                check(rule.op in ("==", "!=", "<", "<=", ">", ">="), f"{where}.rules[{j}].op", rule.op,
+                      "==, !=, <, <=, > or >=")
+            for name in block.variables:
+                check(name in names, f"{where}.variables", list(block.variables),
+                      f"variables of the data ({names}); {name!r} is not one")
     flat = [*v.surface, *v.forcing, *v.static, *v.diagnostic]
     scaled = flat if credit.scaled_variables is None else [n for n in flat if n in credit.scaled_variables]
     for name in credit.spatial_variables:

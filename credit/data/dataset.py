@@ -330,6 +330,8 @@ class ERA5Dataset(torch.utils.data.Dataset):
         """Start (first history) time of every sample, datetime64[ns]."""
         return self._starts.astype("datetime64[ns]")
 
+    output_inverse = None  # no pointwise transform to undo on de-normalised outputs (CREDIT's gen2 data have)
+
     @property
     def target_mean(self) -> np.ndarray:
         return self._target_stats[0].astype(np.float32)

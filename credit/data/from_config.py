@@ -101,6 +101,7 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
         clamp=None if credit.clamp is None else list(credit.clamp), source_name=credit.source_name,
         scaled=None if credit.scaled_variables is None else list(credit.scaled_variables),
         spatial=list(credit.spatial_variables),
+        transforms=[dict(b) for b in credit.transforms], output_inverse=[dict(b) for b in credit.output_inverse],
     )
 
 

@@ -1,6 +1,8 @@
 """The converters of CREDIT's gen2 blocks and loss (`preblocks`, `postblocks`, `loss.type`)
 that the mapping table (`credit.interop.config_file.TABLE`) names: the normaliser preblock
-(era5_normalizer or bridgescaler_transform), the inverse-scaler postblocks and BaseLoss. Each
+(era5_normalizer or bridgescaler_transform) and the pointwise preblocks before it (log, sqrt,
+fill_values), the inverse-scaler postblocks and the pointwise ones after them (exp, square),
+and BaseLoss. Each
 takes (the key's value, the whole CREDIT config) and returns this project's (key, value) pairs,
 or a refusal line naming the key.
 """
@@ -40,8 +42,8 @@ def selected(selection: Any, keys: Mapping[str, str]) -> list[str]:
     return [name for key, name in keys.items() if any(key == w or key.startswith(f"{w}/") for w in wanted)]
 
 
-POINTWISE = {"log_transform": "preblocks", "sqrt_transform": "preblocks", "exp_transform": "postblocks",
-             "square_transform": "postblocks"}
+POINTWISE = {"log_transform": "preblocks", "sqrt_transform": "preblocks", "fill_values": "preblocks",
+             "exp_transform": "postblocks", "square_transform": "postblocks"}
 """CREDIT's pointwise transforms and the block section each belongs to."""
 
 
@@ -74,6 +76,8 @@ def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
     if not args.get("scaler_path"):
         return f"{key}.scaler_path: missing (the bridgescaler file `credit preprocess` writes)"
     keys = source_var_keys(conf)
+    if not keys:  # the source is not read here: its own line says why
+        return [("data.credit.files.bridgescaler", expand(args["scaler_path"]))]
     names = selected(args.get("variables"), keys)
     if not names:
         string = (" (a string: CREDIT reads it as a list of its characters and scales nothing; give a list)"
@@ -115,16 +119,26 @@ def preblocks(value: Any, conf: Mapping[str, Any]):
         return f"preblocks.ic_only: {sorted(dict(value['ic_only']))}; initial-condition-only preblocks are not read"
     pairs: list[tuple[str, Any]] = []
     kinds = []
+    transforms = []
     for name, block in dict(value.get("per_step") or {}).items():
         kind = dict(block or {}).get("type")
         args = dict(dict(block or {}).get("args") or {})
         if kind == "to_device":
             continue
         if POINTWISE.get(kind) == "preblocks":
-            noop = selects_nothing(f"preblocks.per_step.{name}", kind, args, source_var_keys(conf))
+            where = f"preblocks.per_step.{name}"
+            noop = selects_nothing(where, kind, args, source_var_keys(conf))
             if noop:
                 pairs.append((None, noop))
                 continue
+            if kinds:
+                return (f"{where}: a {kind} after the {kinds[0]} would act on normalised values; pointwise "
+                        "preblocks are read before the normaliser (the order CREDIT's examples give them)")
+            found = pointwise(where, kind, args, source_var_keys(conf))
+            if isinstance(found, str):
+                return found
+            transforms.append(found)
+            continue
         kinds.append(kind)
         if kind == "era5_normalizer":
             pairs += [("data.credit.files.mean", expand(args["mean_path"])),
@@ -136,12 +150,64 @@ def preblocks(value: Any, conf: Mapping[str, Any]):
                 return found
             pairs += found
         elif kind != "concat":
-            return (f"preblocks.per_step.{name}.type: {kind!r}; era5_normalizer (mean/std files), "
-                    "bridgescaler_transform, to_device and concat are read here")
+            return (f"preblocks.per_step.{name}.type: {kind!r}; log_transform, sqrt_transform, fill_values, "
+                    "era5_normalizer (mean/std files), bridgescaler_transform, to_device and concat are read here")
     if kinds not in (["era5_normalizer", "concat"], ["bridgescaler_transform", "concat"]):
         return (f"preblocks.per_step: {kinds}; this project reads one normaliser (era5_normalizer or "
                 "bridgescaler_transform) followed by concat (CREDIT's ERA5 examples)")
-    return pairs
+    return pairs + [("data.credit.transforms", transforms)] * bool(transforms)
+
+
+_POINTWISE_KIND = {"log_transform": "log", "sqrt_transform": "sqrt", "fill_values": "fill", "exp_transform": "exp",
+                   "square_transform": "square"}
+_COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+def pointwise(where: str, kind: str, args: Mapping[str, Any], keys: Mapping[str, str]) -> dict | str:
+    """A pointwise block's entry of `data.credit.transforms` / `output_inverse` ({kind,
+    variables, base, eps}; credit/interop/pointwise_blocks.py), or a refusal naming the key.
+    `keys`: the var keys the block can select (a postblock: the outputs)."""
+    short = _POINTWISE_KIND[kind]
+    allowed = {"variables"} | ({"base", "eps"} if short in ("log", "exp") else set()) | ({"rules"} if short == "fill" else set())
+    allowed |= {"data_types"} if POINTWISE[kind] == "preblocks" else {"key"}
+    extra = sorted(set(args) - allowed)
+    if extra:
+        return f"{where}.args.{extra[0]}: not an argument of CREDIT's {kind}"
+    if sorted(args.get("data_types") or ["input", "target"]) != ["input", "target"]:
+        return (f"{where}.args.data_types: {list(args['data_types'])}; inputs and targets are transformed alike "
+                "here (CREDIT's default)")
+    base = str(args.get("base", "e"))
+    if base not in ("e", "2", "10"):
+        return f"{where}.args.base: {args['base']!r}; CREDIT's bases are e, 2 and 10 (it raises on others)"
+    eps = float(args.get("eps", 1e-8))
+    if short in ("log", "exp") and not eps > 0:
+        return f"{where}.args.eps: {args['eps']!r}; must be > 0 (log(eps) is taken)"
+    entry = {"kind": short, "variables": selected(args.get("variables"), keys), "base": base, "eps": eps}
+    if short == "fill":
+        rules = _fill_rules(where, args.get("rules"))
+        if isinstance(rules, str):
+            return rules
+        entry["rules"] = rules
+    return entry
+
+
+def _fill_rules(where: str, rules: Any) -> list[dict] | str:
+    """fill_values' rules as `data.credit.transforms` holds them (search None: NaN), or the
+    refusal of what CREDIT's FillValues raises on."""
+    if not isinstance(rules, list) or not rules:
+        return f"{where}.args.rules: {rules!r}; a list of rules {{search, fill[, op]}} (CREDIT's fill_values)"
+    out = []
+    for i, rule in enumerate(rules):
+        rule = dict(rule or {})
+        if "search" not in rule or "fill" not in rule or sorted(set(rule) - {"search", "op", "fill"}):
+            return f"{where}.args.rules[{i}]: {rule}; each rule has search and fill (and op), as CREDIT requires"
+        search, op = rule["search"], rule.get("op", "==")
+        if search != "nan" and (isinstance(search, bool) or not isinstance(search, (int, float))):
+            return f"{where}.args.rules[{i}].search: {search!r}; 'nan' or a number (CREDIT raises on others)"
+        if op not in _COMPARISONS:
+            return f"{where}.args.rules[{i}].op: {op!r}; one of {', '.join(_COMPARISONS)} (CREDIT raises on others)"
+        out.append({"search": None if search == "nan" else float(search), "op": op, "fill": float(rule["fill"])})
+    return out
 
 
 def preblock_scaler(conf: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -180,11 +246,14 @@ def _inverse_scaler(where: str, args: Mapping[str, Any], conf: Mapping[str, Any]
 def postblocks(value: Any, conf: Mapping[str, Any]):
     """CREDIT's `postblocks`: `reconstruct` hands the prediction (or with in_key y, the target) on
     as this project does; a `bridgescaler_transform` inverse puts it in physical units, which the
-    data's target statistics do here (rollout; the loss with `loss.type: base`)."""
+    data's target statistics do here (rollout; the loss with `loss.type: base`); exp_transform
+    and square_transform after it are `data.credit.output_inverse`."""
     value = dict(value or {})
     inverse_files = set()
     ignored = []
     outputs = {k: v for k, v in source_var_keys(conf).items() if k.split("/")[1] in ("prognostic", "diagnostic")}
+    scaled_keys: set[str] = set()  # the keys an inverse scaler has de-normalised so far
+    inverses: dict[str, list[dict]] = {"y_processed": [], "y_target_processed": []}
     for section, blocks in value.items():
         for name, block in dict(blocks or {}).items():
             kind = dict(block or {}).get("type")
@@ -193,23 +262,41 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
             noop = selects_nothing(where, kind, args, outputs) if POINTWISE.get(kind) == "postblocks" else None
             if noop:
                 ignored.append((None, noop))
+            elif POINTWISE.get(kind) == "postblocks" and section == "per_step":
+                key = args.get("key", "y_processed")
+                if key not in inverses:
+                    return f"{where}.args.key: {key!r}; the prediction (y_processed) and its target twin are read here"
+                if key not in scaled_keys:
+                    return (f"{where}: a {kind} of {key} before an inverse scaler acts on normalised values; it is "
+                            "read after the bridgescaler_transform inverse of the same key")
+                found = pointwise(where, kind, args, outputs)
+                if isinstance(found, str):
+                    return found
+                inverses[key].append(found)
             elif kind == "bridgescaler_transform" and section == "per_step":
                 refusal = _inverse_scaler(where, args, conf)
                 if refusal:
                     return refusal
                 inverse_files.add(expand(str(args["scaler_path"])))
+                scaled_keys.add(args.get("key", "y_processed"))
             elif kind == "reconstruct":
                 pair = (args.get("in_key", "y_pred"), args.get("out_key", "y_processed"))
                 if pair not in (("y_pred", "y_processed"), ("y", "y_target_processed")):
                     return (f"{where}.args: in_key {pair[0]!r}, out_key {pair[1]!r}; the prediction "
                             "(y_pred -> y_processed) and its target twin (y -> y_target_processed) are read here")
             else:
-                return (f"{where}.type: {kind!r}; reconstruct and the per_step bridgescaler_transform inverse are "
-                        "read here (conservation fixers: model.post_conf)")
+                return (f"{where}.type: {kind!r}; reconstruct, the per_step bridgescaler_transform inverse, "
+                        "exp_transform and square_transform are read here (conservation fixers: model.post_conf)")
     if len(inverse_files) > 1:
         return (f"postblocks.per_step: inverse scalers of {len(inverse_files)} files; the prediction and its target "
                 "twin are de-normalised with one here")
-    return [*ignored, *(("data.credit.files.bridgescaler_inverse", f) for f in inverse_files)]
+    physical_loss = dict(conf.get("loss") or {}).get("type") == "base"
+    if physical_loss and inverses["y_target_processed"] != inverses["y_processed"]:
+        return ("postblocks.per_step: the target twin (y_target_processed) takes other exp/square blocks than the "
+                f"prediction ({inverses['y_target_processed']} vs {inverses['y_processed']}); loss.type: base "
+                "compares the two, so here they take the same")
+    pairs = [*ignored, *(("data.credit.files.bridgescaler_inverse", f) for f in inverse_files)]
+    return pairs + [("data.credit.output_inverse", inverses["y_processed"])] * bool(inverses["y_processed"])
 
 
 def loss(value: Any, conf: Mapping[str, Any]):

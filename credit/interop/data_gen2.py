@@ -50,6 +50,7 @@ from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, par
 from credit.data.statistics_files import first_unusable
 from credit.interop.layout import CreditLayout
 from credit.interop.path_templates import template_files
+from credit.interop.pointwise_blocks import OutputInverse, blocks
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     `files["bridgescaler"]`, when given, replaces the mean and std files: the bridgescaler
     file's scalers of `source_name`'s `scaled` variables (bare names; None: every variable the
     file has a scaler for); the `spatial` ones (2-D) have one statistic per grid point.
+    `transforms` (CREDIT's log and sqrt preblocks, credit/interop/pointwise_blocks.py) act on
+    the values as read, before normalising; `output_inverse` (its exp and square postblocks)
+    is what `output_inverse` applies to de-normalised outputs.
     `forecast_len` counts target steps, as CREDIT's gen2 does. Raises :class:`DataError`
     naming the file, variable or time of any mismatch with the files.
     """
@@ -90,7 +94,8 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                  diagnostic: Sequence[str], levels: Sequence[float] | None, period: tuple[str, str],
                  timestep: str, level_coord: str = "level", stats_levels: Sequence[int] | None = None,
                  history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None,
-                 source_name: str = "ERA5", scaled: Sequence[str] | None = None, spatial: Sequence[str] = ()):
+                 source_name: str = "ERA5", scaled: Sequence[str] | None = None, spatial: Sequence[str] = (),
+                 transforms: Sequence[Mapping] = (), output_inverse: Sequence[Mapping] = ()):
         self.root = Path(root)
         self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
                           dynamic_forcing=list(dynamic_forcing), static=list(static), diagnostic=list(diagnostic))
@@ -108,6 +113,8 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
         if self.step_ns <= 0:
             raise DataError(f"timestep {timestep!r} must be positive")
         self.spatial = list(spatial)
+        self._transforms = blocks(transforms)
+        self._inverse_entries = [dict(e) for e in output_inverse]
         self._stores: dict[Path, object] = {}
         self._time_rows: dict[Path, dict[int, int]] = {}
         self.files = {role: self._role_files(files, role) for role in ("prognostic", "dynamic_forcing", "diagnostic")
@@ -340,9 +347,29 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
         upper = var in self.names["upper_air"]
         if upper:
             da = da.transpose(self.level_coord, ...).isel({self.level_coord: self._level_rows})
-        values = self.check_finite(np.asarray(da.values)[None], var, path, np.array([t]),
-                                   self.level_values if upper else None)[0]
+        values = self._transformed(var, np.asarray(da.values), path, t)  # fill_values may fill NaN
+        values = self.check_finite(values[None], var, path, np.array([t]), self.level_values if upper else None)[0]
         return self._normalized(var, values, target)
+
+    def _transformed(self, var: str, values: np.ndarray, path: Path, t: int | None) -> np.ndarray:
+        """`values` through the pointwise preblocks that name `var`, in order (float32, torch's
+        arithmetic as CREDIT's); a finite value they leave non-finite is one error naming the
+        block that made it so (a value stored non-finite is the caller's finite check's)."""
+        chain = [block for block, names in self._transforms if var in names]
+        if not chain:
+            return values
+        steps = [torch.from_numpy(_f32(values))]
+        for block in chain:
+            steps.append(block(steps[-1]))
+        made = torch.nonzero(~torch.isfinite(steps[-1]) & torch.isfinite(steps[0]))
+        if len(made):
+            where = tuple(int(i) for i in made[0])
+            i = next(i for i in range(len(chain)) if not torch.isfinite(steps[i + 1][where]))
+            kind, when = chain[i].kind, "" if t is None else f" at {_iso(t)}"
+            raise DataError(f"{path}: {kind}_transform of {var!r}{when} gives {float(steps[i + 1][where])} from "
+                            f"{float(steps[i][where])} (index {where}); CREDIT's {kind} needs values "
+                            + ("> -eps" if kind == "log" else ">= 0"))
+        return steps[-1].numpy()
 
     def _state(self, t: int, with_diagnostic: bool) -> np.ndarray:
         """The state channels at `t`: an input frame, or with `with_diagnostic` a target (its
@@ -370,7 +397,8 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
                     raise DataError(f"{self._static_path} has no static variable {var!r}; it holds "
                                     f"{sorted(ds.data_vars)}")
                 da = ds[var].isel(time=0) if "time" in ds[var].dims else ds[var]
-                values.append(self._normalized(var, da.values).reshape(self.grid_shape))
+                raw = self._transformed(var, np.asarray(da.values), self._static_path, None)
+                values.append(self._normalized(var, raw).reshape(self.grid_shape))
             self._static_values = np.stack(values)
         return self._static_values
 
@@ -407,6 +435,13 @@ class CreditGen2Dataset(CreditLayout, torch.utils.data.Dataset):
     @property
     def target_std(self) -> np.ndarray:
         return self._stat(self._output_std, 1.0)
+
+    @property
+    def output_inverse(self) -> OutputInverse | None:
+        """The postblocks' pointwise inverses on the de-normalised target channels (None: none)."""
+        names = self.variable_of_channel
+        inverse = OutputInverse(self._inverse_entries, [names[c] for c in self.target_channel_names])
+        return inverse if inverse else None
 
 
 def _iso(t: int) -> str:

@@ -12,7 +12,9 @@ stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs
 - the normaliser's statistics: the `era5_normalizer`'s mean and std files (a level axis long
   enough for its `levels` positions), or the bridgescaler files of the `bridgescaler_transform`
   pre- and postblocks and of `loss.args.scaler_path` (input and target z-score scalers), each the
-  mean and std of the generated training times (per grid point for the blocks' `spatial_variables`);
+  mean and std of the generated training times (per grid point for the blocks' `spatial_variables`;
+  of the values the log and sqrt preblocks make, for the variables they name, whose generated
+  values are non-negative);
 - DIR/<the file's name>: the file with the paths above, `save_loc` and `inference.save_forecast`
   under DIR, the training and validation periods cut to their first `days` days, or to one
   global batch of the file's `train_batch_size` or a forecast of the default `rollout.lead_steps`
@@ -32,16 +34,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 import xarray as xr
 import yaml
 
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
-from credit.interop.config_gen2_blocks import source_var_keys, spatial_selection
+from credit.interop.config_gen2_blocks import POINTWISE, pointwise, selects_nothing, source_var_keys, spatial_selection
 from credit.interop.generate_like_gen1 import generate_like_gen1
 from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
 from credit.interop.paths import expand
+from credit.interop.pointwise_blocks import Pointwise, blocks
 
 _ROLE = {(field_type, f"vars_{dims.upper()}"): role for role, (field_type, dims) in FIELD_KEYS.items()}
 """A CREDIT source's (field type, vars_3D|vars_2D) group -> this project's variable role."""
@@ -117,7 +121,8 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
     for template, groups in templates.items():
         _, merged = stores.setdefault(str(_store_path(out, template, every_time[0])), (template, []))
         merged += groups
-    training: dict[str, np.ndarray] = {}  # variable -> its generated training values
+    training: dict[str, np.ndarray] = {}  # variable -> its training values as the scaler sees them
+    transforms = _preblock_transforms(conf)
     for template, groups in stores.values():
         static = any(field_type == "static" for field_type, _ in groups)
         data_vars = {}
@@ -126,7 +131,15 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
                 upper = dims == "vars_3D"
                 values = wave_field(var, (len(every_time), *((len(levels),) if upper else ()), *grid), every_time.values,
                                 rng)
-                training[var] = values[in_training]
+                chain = [block for block, names in transforms if var in names]
+                if chain:  # in a log's or sqrt's domain, and the statistics of what the scaler sees
+                    values = np.abs(values)
+                    seen = torch.from_numpy(values[in_training].astype(np.float32))
+                    for block in chain:
+                        seen = block(seen)
+                    training[var] = seen.double().numpy()
+                else:
+                    training[var] = values[in_training]
                 if static:
                     data_vars[var] = (("latitude", "longitude"), values[0])
                 else:
@@ -216,6 +229,19 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
     if resized is not None:
         conf["model"] = dict(resized)
     return conf
+
+
+def _preblock_transforms(conf: Mapping[str, Any]) -> list[tuple[Pointwise, list[str]]]:
+    """The file's log and sqrt preblocks, each with the bare names it transforms."""
+    keys = source_var_keys(conf)
+    entries = []
+    for name, block in dict(dict(conf.get("preblocks") or {}).get("per_step") or {}).items():
+        kind, args = dict(block or {}).get("type"), dict(dict(block or {}).get("args") or {})
+        if POINTWISE.get(kind) == "preblocks" and not selects_nothing(name, kind, args, keys):
+            entry = pointwise(name, kind, args, keys)
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return blocks(entries)
 
 
 def _write_normaliser(args: Mapping[str, Any], training: Mapping[str, np.ndarray], names: Mapping[str, Sequence[str]],

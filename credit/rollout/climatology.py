@@ -12,6 +12,7 @@ climatology.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from credit.data import build_dataset, evenly_spaced
@@ -26,9 +27,11 @@ def training_climatology(data: DictConfig, samples: int) -> np.ndarray:
     indices = evenly_spaced(samples, len(dataset))
     for index in indices:
         frame = dataset[index]["target"][0].double().numpy()
+        if dataset.normalize:
+            frame = frame * as_fields(dataset.target_std) + as_fields(dataset.target_mean)
+        if dataset.output_inverse is not None:  # the mean of the fields, not of their logs
+            frame = dataset.output_inverse(torch.from_numpy(frame)).numpy()
         total = frame if total is None else total + frame
     mean = total / len(indices)
-    if dataset.normalize:
-        mean = mean * as_fields(dataset.target_std) + as_fields(dataset.target_mean)
     dataset.close()
     return mean

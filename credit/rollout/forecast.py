@@ -61,6 +61,7 @@ class Forecaster:
         mean, std = as_fields(dataset.target_mean), as_fields(dataset.target_std)
         self._mean = mean if dataset.normalize else np.zeros((len(mean), 1, 1))
         self._std = std if dataset.normalize else np.ones((len(std), 1, 1))
+        self._inverse = dataset.output_inverse  # CREDIT's exp/square postblocks, or None
 
     def _sample(self, first_input_time: int) -> dict[str, torch.Tensor]:
         if first_input_time not in self._index:  # CREDIT's layout: a sample stays in its yearly file
@@ -72,7 +73,12 @@ class Forecaster:
     def physical(self, normalized: torch.Tensor) -> np.ndarray:
         """(C, H, W) normalized channels (target order, or its state prefix) -> physical float64."""
         values = normalized.detach().double().cpu().numpy()
-        return values * self._std[: len(values)] + self._mean[: len(values)]
+        physical = values * self._std[: len(values)] + self._mean[: len(values)]
+        if self._inverse is None:
+            return physical
+        full = np.zeros((len(self._mean), *physical.shape[1:]))  # the inverse indexes target channels
+        full[: len(physical)] = physical
+        return self._inverse(torch.from_numpy(full)).numpy()[: len(physical)]
 
     def persistence(self, init: int) -> np.ndarray:
         """(C_state, H, W) physical state at the init time: the persistence forecast."""

@@ -16,7 +16,7 @@ inverse of CREDIT's scaler), as BaseLoss scores its postblocks' physical units.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,11 +116,11 @@ ERRORS = {
 class WeightedLoss(nn.Module):
     """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target);
     with `physical=(std, mean)` (per channel (C,), or per channel and grid point (C, H, W)), the
-    error of x * std + mean of both."""
+    error of x * std + mean of both, through `inverse` (the data's pointwise output blocks) if given."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
                  huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 crps_alpha: float = 1.0) -> None:
+                 crps_alpha: float = 1.0, inverse: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
         if function not in ERRORS and function not in ENSEMBLE_FUNCTIONS:
             raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS) + list(ENSEMBLE_FUNCTIONS)}")
@@ -128,6 +128,7 @@ class WeightedLoss(nn.Module):
         self.register_buffer("lat_weights", lat_weights.view(1, 1, -1, 1), persistent=False)
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
         self.physical = physical is not None
+        self.inverse = inverse
         if physical is not None:
             for name, stat in zip(("std", "mean"), physical):
                 stat = torch.as_tensor(stat, dtype=torch.float32)
@@ -140,6 +141,8 @@ class WeightedLoss(nn.Module):
         if self.physical:  # float32 as BaseLoss scores it (physical magnitudes overflow half precision)
             prediction = prediction.float() * self.std + self.mean
             target = target.float() * self.std + self.mean
+            if self.inverse is not None:  # CREDIT's exp/square postblocks, on prediction and target twin
+                prediction, target = self.inverse(prediction), self.inverse(target)
         if self.function in ENSEMBLE_FUNCTIONS:
             error = ensemble_error(self.function, prediction, target, self.crps_alpha)
         else:
@@ -151,10 +154,12 @@ class WeightedLoss(nn.Module):
 
 
 def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torch.Tensor,
-                  target_std: np.ndarray, target_mean: np.ndarray) -> WeightedLoss:
+                  target_std: np.ndarray, target_mean: np.ndarray,
+                  output_inverse: Callable[[torch.Tensor], torch.Tensor] | None = None) -> WeightedLoss:
     """The loss `trainer.loss` (its schema: credit/config/schema.py LossConfig) describes, for
     output channels of `channel_variables` whose data statistics are `target_std`, `target_mean`
-    (credit/data/target_statistics.py: per channel, or per channel and grid point)."""
+    (credit/data/target_statistics.py: per channel, or per channel and grid point) and, in
+    physical space, whose pointwise output blocks are `output_inverse`."""
     std = torch.as_tensor(as_fields(target_std), dtype=torch.float32)
     mean = torch.as_tensor(as_fields(target_mean), dtype=torch.float32)
     if not loss.latitude_weighting:
@@ -166,4 +171,5 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
     else:
         weights = channel_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights)
     return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
-                        physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha)
+                        physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha,
+                        inverse=output_inverse if loss.space == "physical" else None)

@@ -157,7 +157,7 @@ class Trainer:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
         self.loss_fn = training_loss(trainer.loss, self.channel_variables, lat_w, self.train_set.target_std,
-                                     self.train_set.target_mean).to(rt.device)
+                                     self.train_set.target_mean, self.train_set.output_inverse).to(rt.device)
         # members spread over the ens axis: training gathers them before the CRPS
         self.train_loss = (MembersGathered(self.loss_fn, rt.mesh["ens"].get_group()) if rt.ens_size > 1
                            else self.loss_fn)
@@ -314,6 +314,8 @@ class Trainer:
             self.valid_loader,
             channel_variables=self.channel_variables,
             target_std=self.valid_set.target_std,
+            target_mean=self.valid_set.target_mean,
+            output_inverse=self.valid_set.output_inverse,
             lat_weights=self.lat_weights,
             loss_fn=partial(sample_mean, weighted_error=self.loss_fn.weighted_error) if self.deterministic
             else self.loss_fn,

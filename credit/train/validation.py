@@ -43,6 +43,8 @@ def evaluate(
     device: torch.device,
     members: int = 1,
     seed: int = 0,
+    target_mean: np.ndarray | None = None,
+    output_inverse: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Skill over `batches` at their last target step (the lead: each batch's forecast
     rolls out autoregressively to it): `loss`, `rmse_<var>` and `persistence_rmse_<var>`.
@@ -50,10 +52,20 @@ def evaluate(
     RMSE is in physical units (normalized error times the channel's std, or the grid point's), latitude
     weighted, pooled over samples, levels and grid points of each variable. Persistence
     (the last input frame as the forecast at the lead) exists for prognostic variables only.
+    With `output_inverse` (pointwise output blocks, such as CREDIT's exp_transform), errors and
+    spread are those of the de-normalised fields (x * std + `target_mean`) through it.
     """
     was_training = model.training
     model.eval()
     std = torch.as_tensor(as_fields(target_std)).unsqueeze(0)  # (1, C, 1 or lat, 1 or lon)
+    if output_inverse is not None:
+        mean = torch.as_tensor(as_fields(target_mean)).unsqueeze(0)
+
+        def physical(x: torch.Tensor, channels: int | None = None) -> torch.Tensor:
+            full = x.double().cpu()
+            if channels is not None:  # a state: the inverse takes every target channel
+                full = torch.cat([full, torch.zeros_like(full[:, :1]).expand(-1, std.shape[1] - channels, -1, -1)], 1)
+            return output_inverse(full * std + mean)[:, : channels or std.shape[1]]
     weights = lat_weights.to(torch.float64).view(1, 1, -1, 1)
     model_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
     spread_sq = torch.zeros(len(channel_variables), dtype=torch.float64)
@@ -76,11 +88,21 @@ def evaluate(
         if members > 1:
             grouped = members_prediction.view(target.shape[0], members, *target.shape[1:])
             prediction = grouped.mean(1)
-            variance = grouped.double().cpu().var(dim=1) * std**2  # unbiased, physical units
+            if output_inverse is None:
+                variance = grouped.double().cpu().var(dim=1) * std**2  # unbiased, physical units
+            else:
+                variance = physical(members_prediction).view(grouped.shape).var(dim=1)
             spread_per_sample = (variance * weights).sum(dim=(2, 3))
-        error = (prediction.double().cpu() - target.double().cpu()) * std
-        persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
-        persistence = persistence * std[:, :state_channels]
+        if output_inverse is None:
+            error = (prediction.double().cpu() - target.double().cpu()) * std
+            persistence = (state[:, -1].double().cpu() - target[:, :state_channels].double().cpu())
+            persistence = persistence * std[:, :state_channels]
+        else:  # the ensemble mean of the de-normalised members, as a forecast writes it
+            mean_physical = (physical(members_prediction).view(grouped.shape).mean(1) if members > 1
+                             else physical(prediction))
+            error = mean_physical - physical(target)
+            persistence = (physical(state[:, -1], state_channels)
+                           - physical(target[:, :state_channels], state_channels))
         model_per_sample = (error**2 * weights).sum(dim=(2, 3))
         persist_per_sample = (persistence**2 * weights).sum(dim=(2, 3))
         # sample by sample, in order: the totals do not depend on how samples were batched

@@ -3,7 +3,7 @@ and config as `credit data generate --layout credit-gen1|credit-gen2` writes the
 deterministic mode gives the same
 bits in one process and on dp2 x tp2: every metric of every step and every tensor of the final
 checkpoint (gen2 with the loss of CREDIT's gen2 example: physical units, per-variable means,
-inverse-variance weights). Continuing CREDIT's own run from its checkpoint.pt (weights, AdamW state, step)
+inverse-variance weights, a pointwise pre- and postblock). Continuing CREDIT's own run from its checkpoint.pt (weights, AdamW state, step)
 gives the same bits in one process and at dp2 x tp2."""
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def test_deterministic_credit_config_run_is_bitwise_across_layouts(tmp_path, lay
     common = ["--credit-config", str(data / "credit.yml"), "model.gemm=deterministic",
               "model.dim=[16,32,64,128]", "model.dim_head=8", "trainer.max_steps=2", "trainer.steps_per_job=0",
               "trainer.progress_bar=false", "trainer.checkpoint.every_n_steps=0"]
-    if layout == "credit-gen2":  # the loss of CREDIT's gen2 example (BaseLoss): physical units, per variable
-        common += ["trainer.loss.space=physical", "trainer.loss.combine=variables", "trainer.loss.inverse_variance=true"]
+    if layout == "credit-gen2":  # the loss of CREDIT's gen2 example (BaseLoss): physical units, per variable,
+        # T through CREDIT's sqrt_transform preblock and square_transform postblock
+        common += ["trainer.loss.space=physical", "trainer.loss.combine=variables", "trainer.loss.inverse_variance=true",
+                   "data.credit.transforms=[{kind:sqrt,variables:[T]}]",
+                   "data.credit.output_inverse=[{kind:square,variables:[T]}]"]
     single = _cli("train", *common, "trainer.batch_size=4", f"run_dir={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-3000:]
     sharded = _cli("train", "--nproc", "4", *common, "parallelism=fsdp2_tp2", "trainer.batch_size=2",

@@ -121,6 +121,10 @@ def run_post_blocks(model_cfg: Mapping[str, Any], data_cfg: Mapping[str, Any], d
     # float32 statistics, as CREDIT's scaler applies its per-level 0-d tensors to the float32
     # forecast: float64 ones (CREDIT's gen1 files) would promote the forecast to float64
     stats = [torch.from_numpy(np.asarray(s, dtype=np.float32)) for s in (dataset.target_mean, dataset.target_std)]
+    if getattr(dataset, "output_inverse", None) is not None:
+        raise PostBlockConfigError("model.post_conf: the outputs go through pointwise inverse blocks "
+                                   "(data.credit.output_inverse: CREDIT's exp/square postblocks); the conservation "
+                                   "fixers act on de-normalised fields without them")
     if any(s.ndim != 1 for s in stats):
         raise PostBlockConfigError("model.post_conf: the output statistics vary over the grid (a per-grid-point "
                                    "scaler, data.credit.spatial_variables); the conservation fixers de-normalise "
