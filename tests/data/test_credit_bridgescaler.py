@@ -66,6 +66,30 @@ def composed(conf: dict):
     return compose_config(list(mapping.overrides))
 
 
+def assert_samples_are(train, x: torch.Tensor, y: torch.Tensor, rtol: float = 2 ** -22, atol: float = 0.0) -> None:
+    """Every sample of `train` as model input (CREDIT's concat order) and target equals CREDIT's
+    preblock output `x`, `y` within `rtol`/`atol`."""
+    assert len(train) == len(x)
+    for index in range(len(train)):
+        sample = train[index]
+        model_input = credit_input(sample["state"][None], sample["forcing"][None, :1], sample["static"][None])
+        torch.testing.assert_close(model_input, x[index][None], rtol=rtol, atol=atol)
+        torch.testing.assert_close(sample["target"][0], y[index][:, 0], rtol=rtol, atol=atol)
+
+
+def assert_loss_is(loss_fn, expected: dict, loss: torch.Tensor, grad: torch.Tensor, roundoffs: int = 16) -> None:
+    """`loss_fn` on the fixture's prediction and target gives CREDIT's `loss` within float32
+    summation rounding (and `roundoffs` units for the weights) and its `grad` per channel."""
+    prediction = expected["prediction"][:, :, 0].clone().requires_grad_(True)
+    ours = loss_fn(prediction, expected["y"][:4, :, 0])
+    ours.backward()
+    tolerance = 2 * sum_rounding_bound(prediction.numel()) + roundoffs * FP32_UNIT_ROUNDOFF
+    assert math.isclose(ours.item(), loss.item(), rel_tol=tolerance, abs_tol=0), (ours.item(), loss.item())
+    grad = grad[:, :, 0]
+    scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)  # per channel: the weights span 10 decades
+    assert ((prediction.grad - grad).abs() / scale).max() < 1e-4
+
+
 def test_the_samples_are_credits_bridgescaler_preblocks(expected):
     """Inputs with the file's input scalers, targets with its target scalers (fitted on other
     samples, so they differ), statics as stored: (x - mean) / sqrt(var) in float32 both sides.
@@ -76,12 +100,8 @@ def test_the_samples_are_credits_bridgescaler_preblocks(expected):
     cfg = composed(credit_config())
     assert cfg.data.credit.files.bridgescaler.endswith("scaler.json") and cfg.data.credit.files.mean is None
     train = build_dataset(cfg.data, "train_period")
-    assert len(train) == len(expected["x"]) == 15
-    for index in range(len(train)):
-        sample = train[index]
-        x = credit_input(sample["state"][None], sample["forcing"][None, :1], sample["static"][None])
-        torch.testing.assert_close(x, expected["x"][index][None], rtol=2 ** -22, atol=0)
-        torch.testing.assert_close(sample["target"][0], expected["y"][index][:, 0], rtol=2 ** -22, atol=0)
+    assert len(train) == 15
+    assert_samples_are(train, expected["x"], expected["y"])
     # the input and target sides of a variable differ, and so do the statistics de-normalising forecasts
     t_850 = train.state_channel_names.index("T_850")
     assert not torch.equal(expected["x"][1, t_850], expected["y"][0, t_850])
@@ -101,19 +121,9 @@ def test_the_loss_is_credits_base_loss_on_the_same_tensors(expected, name):
     channels = output_channel_variables(v.upper_air, train.levels, v.surface, v.diagnostic)
     loss_fn = training_loss(cfg.trainer.loss, channels, latitude_weights(train.latitude), train.target_std,
                             train.target_mean)
-    prediction = expected["prediction"][:, :, 0].clone().requires_grad_(True)
-    target = expected["y"][:4, :, 0]
-    ours = loss_fn(prediction, target)
-    ours.backward()
-    credit = expected["losses"][name]
     # positive terms: each side's float32 sum is within sum_rounding_bound of the exact one, and
     # the weights (float32 cos(lat), 1/var from sqrt(var)^2) within a few units of roundoff
-    n = prediction.numel()
-    tolerance = 2 * sum_rounding_bound(n) + 16 * FP32_UNIT_ROUNDOFF
-    assert math.isclose(ours.item(), credit.item(), rel_tol=tolerance, abs_tol=0), (ours.item(), credit.item())
-    grad = expected["grads"][name][:, :, 0]
-    scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)  # per channel: the weights span 10 decades
-    assert ((prediction.grad - grad).abs() / scale).max() < 1e-4
+    assert_loss_is(loss_fn, expected, expected["losses"][name], expected["grads"][name])
 
 
 def test_a_bridgescaler_file_that_cannot_scale_is_one_line(tmp_path):

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from credit_fixtures import FP32_UNIT_ROUNDOFF, sum_rounding_bound
-from test_credit_bridgescaler import DATA, FIXTURE, composed, credit_config
+from test_credit_bridgescaler import DATA, FIXTURE, assert_loss_is, assert_samples_are, composed, credit_config
 
 from credit.data.catalog import DataError
 from credit.data.from_config import build_dataset
@@ -24,7 +23,6 @@ from credit.data.latitude import latitude_weights
 from credit.data.target_statistics import as_fields
 from credit.interop.config_file import map_credit_file
 from credit.interop.pointwise_blocks import Pointwise, blocks
-from credit.models.inputs import credit_input
 from credit.train.losses import training_loss
 from credit.train.validation import output_channel_variables
 
@@ -59,12 +57,7 @@ def test_the_samples_are_credits_transformed_then_scaled(expected):
     assert [(b.kind, list(b.variables), b.base) for b in cfg.data.credit.transforms] == [
         ("log", ["Q"], "e"), ("log", ["tp"], "10"), ("sqrt", ["SP"], "e")]
     train = build_dataset(cfg.data, "train_period")
-    assert len(train) == len(expected["x"])
-    for index in range(len(train)):
-        sample = train[index]
-        x = credit_input(sample["state"][None], sample["forcing"][None, :1], sample["static"][None])
-        torch.testing.assert_close(x, expected["x"][index][None], rtol=2 ** -20, atol=2 ** -20)
-        torch.testing.assert_close(sample["target"][0], expected["y"][index][:, 0], rtol=2 ** -20, atol=2 ** -20)
+    assert_samples_are(train, expected["x"], expected["y"], rtol=2 ** -20, atol=2 ** -20)
     # without the transforms the same file scales other values
     plain = composed(credit_config(SCALER))
     q = train.target_channel_names.index("Q_850")
@@ -82,14 +75,7 @@ def test_the_loss_and_the_forecast_are_credits_through_the_inverse_blocks(expect
     channels = output_channel_variables(v.upper_air, train.levels, v.surface, v.diagnostic)
     loss_fn = training_loss(cfg.trainer.loss, channels, latitude_weights(train.latitude), train.target_std,
                             train.target_mean, train.output_inverse)
-    prediction = expected["prediction"][:, :, 0].clone().requires_grad_(True)
-    ours = loss_fn(prediction, expected["y"][:4, :, 0])
-    ours.backward()
-    tolerance = 2 * sum_rounding_bound(prediction.numel()) + 64 * FP32_UNIT_ROUNDOFF
-    assert math.isclose(ours.item(), expected["loss"].item(), rel_tol=tolerance, abs_tol=0)
-    grad = expected["grad"][:, :, 0]
-    scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)
-    assert ((prediction.grad - grad).abs() / scale).max() < 1e-4
+    assert_loss_is(loss_fn, expected, expected["loss"], expected["grad"], roundoffs=64)  # exp's rounding too
     denormalised = (expected["prediction"][:, :, 0].double() * torch.from_numpy(as_fields(train.target_std))
                     + torch.from_numpy(as_fields(train.target_mean)))
     physical = train.output_inverse(denormalised)
