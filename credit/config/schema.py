@@ -213,6 +213,9 @@ class LossConfig:
     # over the members: kcrps | almost_fair_crps (credit/train/ensemble.py)
     function: str = "mse"
     huber_delta: float = 1.0  # huber: quadratic within |error| < delta, linear outside
+    # per output variable, another deterministic error than `function` (BaseLoss's overrides):
+    # NAME: {function: mae, huber_delta: 1.0} (huber_delta optional, for huber)
+    overrides: Dict[str, Any] = field(default_factory=dict)
     crps_alpha: float = 1.0  # almost_fair_crps: 1 is the fair CRPS; below 1 rewards spread less
     latitude_weighting: bool = True
     # per variable: one weight, or one per level of an upper-air variable (CREDIT's); default 1.0

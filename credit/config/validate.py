@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -248,6 +249,18 @@ def validate_trainer(trainer: DictConfig) -> None:
     check(trainer.loss.forecast_steps in ("mean", "sum"), "trainer.loss.forecast_steps",
            trainer.loss.forecast_steps, "mean or sum")
     check(trainer.loss.huber_delta > 0, "trainer.loss.huber_delta", trainer.loss.huber_delta, "must be > 0")
+    check(not trainer.loss.overrides or trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.overrides",
+          dict(trainer.loss.overrides), f"empty with trainer.loss.function={trainer.loss.function} (a CRPS scores "
+          "the members of every variable together)")
+    for name, override in trainer.loss.overrides.items():
+        where = f"trainer.loss.overrides.{name}"
+        keys = sorted(override) if isinstance(override, Mapping) else None
+        check(keys is not None and "function" in keys and set(keys) <= {"function", "huber_delta"}, where, override,
+              "{function: NAME} or {function: huber, huber_delta: D}")
+        check(override.function in LOSS_FUNCTIONS, f"{where}.function", override.function,
+              f"one of {', '.join(LOSS_FUNCTIONS)} (a CRPS is trainer.loss.function itself)")
+        delta = override.get("huber_delta", 1.0)
+        check(isinstance(delta, (int, float)) and delta > 0, f"{where}.huber_delta", delta, "a number > 0")
     check(trainer.loss.space in ("normalized", "physical"), "trainer.loss.space", trainer.loss.space,
            "normalized or physical")
     check(trainer.loss.combine in ("channels", "variables"), "trainer.loss.combine", trainer.loss.combine,
@@ -370,3 +383,5 @@ def validate_config(cfg: DictConfig) -> None:
     for name in cfg.trainer.loss.variable_weights:
         check(name in output_vars, "trainer.loss.variable_weights", name,
                f"is not an output variable; allowed: {output_vars}")
+    for name in cfg.trainer.loss.overrides:
+        check(name in output_vars, "trainer.loss.overrides", name, f"is not an output variable; allowed: {output_vars}")

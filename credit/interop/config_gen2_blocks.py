@@ -322,9 +322,9 @@ def loss(value: Any, conf: Mapping[str, Any]):
     params = dict(args.get("base_loss_parameters") or {})
     if sorted(set(params) - {"delta"}):
         return f"loss.args.base_loss_parameters: {sorted(params)}; only huber's delta is read here"
-    if args.get("base_loss_overrides"):
-        return (f"loss.args.base_loss_overrides: {sorted(dict(args['base_loss_overrides']))}; one univariate loss "
-                "for every variable is read here")
+    overrides = _loss_overrides(dict(args.get("base_loss_overrides") or {}), conf)
+    if isinstance(overrides, str):
+        return overrides
     weighting = args.get("var_weighting", "inverse_variance")
     if weighting not in ("inverse_variance", "manual", "none"):
         return (f"loss.args.var_weighting: {weighting!r}; inverse_variance, manual and none are read here "
@@ -352,4 +352,28 @@ def loss(value: Any, conf: Mapping[str, Any]):
         *((f"+trainer.loss.variable_weights.{name}", w) for name, w in weights.items() if name in outputs)]
     if "delta" in params:
         pairs.append(("trainer.loss.huber_delta", float(params["delta"])))
-    return pairs
+    return pairs + overrides
+
+
+def _loss_overrides(overrides: Mapping[str, Any], conf: Mapping[str, Any]) -> list[tuple[str, Any]] | str:
+    """BaseLoss's `base_loss_overrides` ({var key: {loss, parameters}}) as
+    `trainer.loss.overrides.<name>`, or the refusal naming the key."""
+    from credit.config.validate import LOSS_FUNCTIONS
+
+    outputs = {k: v for k, v in source_var_keys(conf).items() if k.split("/")[1] in ("prognostic", "diagnostic")}
+    found = {}
+    for key, spec in overrides.items():
+        where = f"loss.args.base_loss_overrides.{key}"
+        spec = dict(spec or {})
+        if key not in outputs:
+            return f"{where}: not an output variable's full key ({sorted(outputs)})"
+        if sorted(set(spec) - {"loss", "parameters"}) or "loss" not in spec:
+            return f"{where}: {spec}; an override is {{loss, parameters}}, as CREDIT's BaseLoss reads it"
+        if spec["loss"] not in LOSS_FUNCTIONS:
+            return (f"{where}.loss: {spec['loss']!r}; CREDIT's elementwise losses are read here "
+                    f"({', '.join(LOSS_FUNCTIONS)}); a CRPS only as training_loss itself (CREDIT raises)")
+        params = dict(spec.get("parameters") or {})
+        if sorted(set(params) - {"delta"}):
+            return f"{where}.parameters: {sorted(params)}; only huber's delta is read here"
+        found[outputs[key]] = {"function": spec["loss"], "huber_delta": float(params.get("delta", 1.0))}
+    return [(f"+trainer.loss.overrides.{name}", value) for name, value in found.items()]

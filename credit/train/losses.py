@@ -116,11 +116,13 @@ ERRORS = {
 class WeightedLoss(nn.Module):
     """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target);
     with `physical=(std, mean)` (per channel (C,), or per channel and grid point (C, H, W)), the
-    error of x * std + mean of both, through `inverse` (the data's pointwise output blocks) if given."""
+    error of x * std + mean of both, through `inverse` (the data's pointwise output blocks) if given;
+    `channel_errors` gives some channels another (function, huber delta)."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
                  huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 crps_alpha: float = 1.0, inverse: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 crps_alpha: float = 1.0, inverse: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 channel_errors: Mapping[tuple[str, float], Sequence[int]] | None = None) -> None:
         super().__init__()
         if function not in ERRORS and function not in ENSEMBLE_FUNCTIONS:
             raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS) + list(ENSEMBLE_FUNCTIONS)}")
@@ -129,6 +131,8 @@ class WeightedLoss(nn.Module):
         self.register_buffer("chan_weights", chan_weights.view(1, -1, 1, 1), persistent=False)
         self.physical = physical is not None
         self.inverse = inverse
+        # (function, huber delta) -> the channels scored with it instead of `function` (BaseLoss's overrides)
+        self.channel_errors = {key: list(rows) for key, rows in (channel_errors or {}).items() if rows}
         if physical is not None:
             for name, stat in zip(("std", "mean"), physical):
                 stat = torch.as_tensor(stat, dtype=torch.float32)
@@ -145,9 +149,26 @@ class WeightedLoss(nn.Module):
                 prediction, target = self.inverse(prediction), self.inverse(target)
         if self.function in ENSEMBLE_FUNCTIONS:
             error = ensemble_error(self.function, prediction, target, self.crps_alpha)
+        elif self.channel_errors:
+            error = self._per_channel_error(prediction, target)
         else:
             error = ERRORS[self.function](prediction, target, self.huber_delta)
         return error * self.lat_weights * self.chan_weights
+
+    def _per_channel_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each channel's error with its own (function, delta): the overridden channels' groups,
+        the rest with `function`; each group computed on its channels alone."""
+        overridden = {c for rows in self.channel_errors.values() for c in rows}
+        groups = {(self.function, self.huber_delta): [c for c in range(prediction.shape[1]) if c not in overridden]}
+        for key, rows in self.channel_errors.items():
+            groups.setdefault(key, []).extend(rows)
+        error = torch.zeros_like(prediction)
+        for (function, delta), rows in groups.items():
+            if rows:
+                index = torch.tensor(sorted(rows), device=prediction.device)
+                part = ERRORS[function](prediction.index_select(1, index), target.index_select(1, index), delta)
+                error = error.index_copy(1, index, part)
+        return error
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.weighted_error(prediction, target).mean()
@@ -170,6 +191,10 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
                                         variance)
     else:
         weights = channel_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights)
+    channel_errors: dict[tuple[str, float], list[int]] = {}
+    for name, override in loss.overrides.items():
+        rows = [i for i, v in enumerate(channel_variables) if v == name]
+        channel_errors.setdefault((str(override["function"]), float(override.get("huber_delta", 1.0))), []).extend(rows)
     return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
                         physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha,
-                        inverse=output_inverse if loss.space == "physical" else None)
+                        inverse=output_inverse if loss.space == "physical" else None, channel_errors=channel_errors)

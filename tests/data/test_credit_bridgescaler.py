@@ -227,3 +227,28 @@ def test_the_file_reads_as_bridgescaler_reads_it(tmp_path, made_by):
                     else:
                         assert mine == value and type(mine) is type(value), (key, name, mine, value)
     assert compared >= 2 * 2  # at least the mean and variance of two scalers
+
+
+def test_per_variable_loss_overrides_are_credits():
+    """`base_loss_overrides` (tp by mae, SP by huber with delta 0.5, T by logcosh; the rest by
+    the example's mse) maps to trainer.loss.overrides and gives BaseLoss's value and gradient;
+    without them the loss differs."""
+    overrides = torch.load(FIXTURE / "expected_overrides.pt")
+    conf = credit_config(loss=dict(training_loss="mse", var_weighting="inverse_variance", normalize_weights=True,
+                                   use_latitude_weights=True, base_loss_overrides=overrides["overrides"]))
+    cfg = composed(conf)
+    assert dict(cfg.trainer.loss.overrides["SP"]) == {"function": "huber", "huber_delta": 0.5}
+    train = build_dataset(cfg.data, "train_period")
+    v = cfg.data.variables
+    channels = output_channel_variables(v.upper_air, train.levels, v.surface, v.diagnostic)
+    loss_fn = training_loss(cfg.trainer.loss, channels, latitude_weights(train.latitude), train.target_std,
+                            train.target_mean)
+    expected = torch.load(FIXTURE / "expected.pt")
+    assert torch.equal(expected["prediction"], overrides["prediction"])
+    assert_loss_is(loss_fn, expected, overrides["loss"], overrides["grad"])
+    plain = training_loss(composed(credit_config(loss=dict(training_loss="mse"))).trainer.loss, channels,
+                          latitude_weights(train.latitude), train.target_std, train.target_mean)
+    prediction = expected["prediction"][:, :, 0]
+    assert not math.isclose(plain(prediction, expected["y"][:4, :, 0]).item(), overrides["loss"].item(), rel_tol=1e-3)
+    conf["loss"]["args"]["base_loss_overrides"] = {"ERA5/diagnostic/2d/tp": {"loss": "KCRPS"}}
+    assert map_credit_file(conf).refused[0].startswith("loss.args.base_loss_overrides.ERA5/diagnostic/2d/tp.loss: 'KCRPS'")
