@@ -153,10 +153,15 @@ def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str]
     path = args[at + 1]
     from credit.interop.checkpoint_import import describe_credit_model
     from credit.interop.config_file import map_credit_file
+    from credit.interop.data_grid import grid_mismatch
     from credit.models.credit.checkpoint import read_credit_config
 
+    config = read_credit_config(path)
+    mapping = map_credit_file(config)
+    mismatch = grid_mismatch(dict(config.get("model") or {}), mapping.overrides) if not mapping.refused else None
+    if mismatch:
+        raise ValueError(f"{path}: {mismatch}")
     lines, refused, model_overrides = describe_credit_model(path)
-    mapping = map_credit_file(read_credit_config(path))
     lines += ["# the data, trainer and loss keys", *mapping.lines]
     refused = [*refused, *mapping.refused]
     if refused:

@@ -278,3 +278,20 @@ def test_an_out_folder_with_the_other_year_in_its_path_is_one_error(tmp_path):
     with pytest.raises(GenerateError, match=r"CREDIT's year filter .* as 2018; choose an --out without year strings"):
         generate_like(_gen1_variant(tmp_path), tmp_path / "run2018", grid=(32, 64))
     assert not (tmp_path / "run2018").exists()
+
+
+@pytest.mark.parametrize("name", ["config/gen_2/examples/example-v2026.2.yml", "config/example-v2026.1.0.yml"],
+                         ids=["gen2", "gen1"])
+def test_a_model_grid_other_than_the_datas_is_one_line_naming_both(tmp_path, name):
+    """The copy's data are 32 x 64; its model section set to 64 x 64 (a grid its windows do
+    not tile with the copy's padding) stops with the grid, not the window-tiling message."""
+    copy = _like(tmp_path, name, (32, 64), days=1)
+    conf = yaml.safe_load(copy.read_text())
+    conf["model"]["image_height"] = 64
+    copy.write_text(yaml.safe_dump(conf, sort_keys=False))
+    with pytest.raises(ValueError, match=r"model.image_height x image_width = 64 x 64, but the data \(.*\) are on a "
+                                         r"32 x 64 grid \(latitude x longitude\)"):
+        _credit_config(["--credit-config", str(copy)])
+    conf["model"]["image_height"] = 32
+    copy.write_text(yaml.safe_dump(conf, sort_keys=False))
+    assert _credit_config(["--credit-config", str(copy)])[0]  # the data's grid maps
