@@ -167,7 +167,7 @@ TABLE: tuple[Rule, ...] = (
     Rule("validation_data", cvg.validation_data, schema="gen2"),
     Rule("preblocks", cvb.preblocks, schema="gen2"),
     Rule("postblocks", cvb.postblocks, schema="gen2"),
-    Rule("inference", cvg.inference, schema="gen2"),
+    Rule("inference", cvb.inference, schema="gen2"),
     Rule("trainer.parallelism", cvg.parallelism, schema="gen2"),
     Rule("trainer.mode", note="trainer.parallelism replaces it in gen2", schema="gen2"),
     Rule("trainer.grad_max_norm", cvg.grad_max_norm, schema="gen2"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from credit.interop import config_gen2
 from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables
 from credit.interop.paths import expand
 
@@ -377,3 +378,32 @@ def _loss_overrides(overrides: Mapping[str, Any], conf: Mapping[str, Any]) -> li
             return f"{where}.parameters: {sorted(params)}; only huber's delta is read here"
         found[outputs[key]] = {"function": spec["loss"], "huber_delta": float(params.get("delta", 1.0))}
     return [(f"+trainer.loss.overrides.{name}", value) for name, value in found.items()]
+
+
+def inference(value: Any, conf: Mapping[str, Any]):
+    """CREDIT's gen2 `inference` (credit.interop.config_gen2.inference), whose `postblocks` must
+    de-normalise forecasts as the training postblocks do: forecasts here take the latter's
+    inverse scaler and exp/square blocks."""
+    pairs = config_gen2.inference(value, conf)
+    blocks = dict(value or {}).get("postblocks")
+    if isinstance(pairs, str) or not blocks:
+        return pairs
+    training = _forecast_inverse(dict(conf.get("postblocks") or {}), conf)
+    forecast = _forecast_inverse(dict(blocks), conf)
+    if isinstance(forecast, str):
+        return f"inference.{forecast}"
+    if not isinstance(training, str) and forecast != training:
+        return (f"inference.postblocks: de-normalise forecasts otherwise than the training postblocks (inverse "
+                f"scaler file, exp/square blocks: {forecast} vs {training}); forecasts here take the training "
+                "postblocks' inverse")
+    return pairs
+
+
+def _forecast_inverse(value: Mapping[str, Any], conf: Mapping[str, Any]) -> tuple | str:
+    """(the inverse scaler file, the prediction's exp/square blocks) of a postblocks section, or
+    its refusal line."""
+    found = postblocks(value, {key: v for key, v in conf.items() if key != "loss"})
+    if isinstance(found, str):
+        return found
+    pairs = dict(p for p in found if p[0] is not None)
+    return pairs.get("data.credit.files.bridgescaler_inverse"), pairs.get("data.credit.output_inverse", [])

@@ -15,7 +15,7 @@ stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs
   mean and std of the generated training times (per grid point for the blocks' `spatial_variables`;
   of the values the log and sqrt preblocks make, for the variables they name, whose generated
   values are non-negative);
-- DIR/<the file's name>: the file with the paths above, `save_loc` and `inference.save_forecast`
+- DIR/<the file's name>: the file with the paths above (the inference postblocks' scaler too), `save_loc` and `inference.save_forecast`
   under DIR, the training and validation periods cut to their first `days` days, or to one
   global batch of the file's `train_batch_size` or a forecast of the default `rollout.lead_steps`
   if that is longer (CREDIT's master clock reads every time of a period), the forecasts starting at the validation period's start,
@@ -197,7 +197,9 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
             if block.get("type") == "bridgescaler_transform" and args.get("scaler_path"):
                 args["scaler_path"] = str(placed(out, args["scaler_path"]))
                 scaler_files.add(args["scaler_path"])
-    for phase in dict(conf.get("postblocks") or {}).values():
+    inference_blocks = dict(conf.get("inference") or {}).get("postblocks") if isinstance(conf.get("inference"), dict) \
+        else None
+    for phase in [*dict(conf.get("postblocks") or {}).values(), *dict(inference_blocks or {}).values()]:
         for block in dict(phase or {}).values():
             args = dict(block or {}).get("args") or {}
             if args.get("scaler_path"):

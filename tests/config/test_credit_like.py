@@ -102,6 +102,7 @@ def test_the_end_to_end_example_scales_sp_per_grid_point_trains_and_forecasts(tm
     conf["preblocks"]["per_step"]["log_trans"]["args"]["variables"] = tp
     for block in ("log_trans", "log_trans_target"):
         conf["postblocks"]["per_step"][block]["args"]["variables"] = tp
+    conf["inference"]["postblocks"]["per_step"]["log_trans"]["args"]["variables"] = tp  # forecasts alike
     source = tmp_path / "example-end-to-end.yml"
     source.write_text(yaml.safe_dump(conf, sort_keys=False))
     copy = generate_like(source, tmp_path / "data", grid=(32, 64), days=2)

@@ -117,6 +117,16 @@ def test_what_the_blocks_cannot_do_here_is_one_line(expected, tmp_path):
     conf = pointwise_config(expected, loss=True)
     del conf["postblocks"]["per_step"]["square_sp_target"]
     assert map_credit_file(conf).refused[0].startswith("postblocks.per_step: the target twin (y_target_processed)")
+    # CREDIT's rollout de-normalises with inference.postblocks: other blocks there than in training
+    conf = pointwise_config(expected, loss=True)
+    post = conf["postblocks"]["per_step"]
+    conf["inference"] = {"run_mode": "single", "single_forecast": {"start_datetime": "2000-12-31T00:00Z",
+                                                                    "forecast_length": "12h"},
+                         "postblocks": {"per_step": {k: post[k] for k in ("reconstruct", "scaler", "exp_q")}}}
+    assert map_credit_file(conf).refused[0].startswith(
+        "inference.postblocks: de-normalise forecasts otherwise than the training postblocks")
+    conf["inference"]["postblocks"]["per_step"].update({k: post[k] for k in ("exp_tp", "square_sp")})
+    assert not [r for r in map_credit_file(conf).refused if r.startswith("inference")]
     # U holds negative values: its log is NaN in CREDIT, one error here
     conf = pointwise_config(expected)
     conf["preblocks"]["per_step"]["log_q"]["args"]["variables"] = ["ERA5/prognostic/3d/U"]
