@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.data.target_statistics import as_fields, channel_variance
-
 from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
 
 
