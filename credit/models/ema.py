@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from credit.parallel.local_shards import map_shards
+
 
 def _by_device(shadows: list[torch.Tensor], params: list[torch.Tensor]) -> dict:
     groups: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -23,7 +25,7 @@ def _by_device(shadows: list[torch.Tensor], params: list[torch.Tensor]) -> dict:
 class EMA:
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay = decay  # validated in (0, 1) with the config
-        self.shadow = {name: p.detach().clone() for name, p in model.named_parameters()}
+        self.shadow = {name: map_shards(p.detach(), torch.clone) for name, p in model.named_parameters()}
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

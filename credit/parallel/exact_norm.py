@@ -20,6 +20,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from credit.kernels import elementwise
+from credit.parallel.local_shards import local_values
 
 _BINS = 256  # float32 exponent fields
 _CHUNK = 1 << 18  # elements per pass of torch's ops: cache-sized temporaries
@@ -111,5 +112,5 @@ def clip_grad_norm_exact_(parameters: Iterable[torch.Tensor], max_norm: float,
     factor = max_norm / (norm + 1e-6)
     if factor < 1.0:
         for p in params:
-            p.grad.mul_(factor)
+            local_values(p.grad).mul_(factor)  # DTensor's multiply by a scalar, on each shard
     return norm

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 
 from credit.kernels import elementwise
+from credit.parallel.local_shards import map_shards
 from credit.train.shard_local import local_rows
 
 
@@ -37,8 +38,8 @@ class ElementwiseAdamW(torch.optim.Optimizer):
                 state = self.state[param]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(param)
-                    state["exp_avg_sq"] = torch.zeros_like(param)
+                    state["exp_avg"] = map_shards(param, torch.zeros_like)
+                    state["exp_avg_sq"] = map_shards(param, torch.zeros_like)
                 state["step"] += 1
             steps = [float(self.state[p]["step"]) for p in live]
             rows = [[p, p.grad, self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"]] for p in live]

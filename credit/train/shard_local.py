@@ -21,7 +21,13 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
+from credit.parallel.local_shards import map_shards
+
 __all__ = ["ShardLocalAdamW", "local_rows"]
+
+
+def _zeros(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(tensor, memory_format=torch.preserve_format)  # torch's AdamW state
 
 
 def _same_layout(row: Sequence[torch.Tensor]) -> bool:
@@ -74,10 +80,10 @@ class ShardLocalAdamW(torch.optim.AdamW):
                 if not state:  # torch's AdamW state: a float32 host step count, zero moments
                     state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
                                                  else torch.float32)
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg"] = map_shards(param, _zeros)
+                    state["exp_avg_sq"] = map_shards(param, _zeros)
                     if group["amsgrad"]:
-                        state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                        state["max_exp_avg_sq"] = map_shards(param, _zeros)
                 row = [param, param.grad, state["exp_avg"], state["exp_avg_sq"]]
                 if group["amsgrad"]:
                     row.append(state["max_exp_avg_sq"])
