@@ -22,10 +22,11 @@ def local_values(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+@torch.no_grad()
 def map_shards(tensor: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """`op(tensor)` for an `op` that keeps each element's index and the tensor's shape and
-    stride: on a DTensor, `op` of its local shard, wrapped with the DTensor's own layout. A
-    pending sum (`Partial`) keeps DTensor's op, which reduces it first."""
+    stride, outside autograd: on a DTensor, `op` of its local shard, wrapped with the
+    DTensor's own layout. A pending sum (`Partial`) keeps DTensor's op, which reduces it first."""
     if not isinstance(tensor, DTensor) or any(p.is_partial() for p in tensor.placements):
         return op(tensor)
     return DTensor.from_local(op(tensor.to_local()), tensor.device_mesh, tensor.placements,

@@ -93,6 +93,7 @@ def check_traceable(cfg: DictConfig) -> None:
                           "layouts' memory is alike)")
 
 
+@torch.no_grad()  # DTensor.to_local is then a plain attribute read, not an autograd function
 def shard_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of this rank's parameters, gradients and optimizer state (a DTensor counts its
     local shard): what `credit plan` reports, and what the benchmarks measure alike."""
@@ -136,11 +137,7 @@ def trace_step(cfg: DictConfig, shapes: SampleShapes, world: int) -> StepTrace:
             optimizer = build_optimizer(model, trainer.optimizer, deterministic)
             # Adam's moments exist from the first step on, for the parameters that train (a
             # frozen one, `model.freeze`, never gets a gradient, so never a moment)
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.init_state()
             grid, channels = shapes.grid, shapes.state_channels + shapes.diagnostic
             loss_fn = WeightedLoss(torch.ones(grid[0]), torch.ones(channels), trainer.loss.function,
                                    crps_alpha=trainer.loss.crps_alpha)

@@ -28,6 +28,22 @@ class ElementwiseAdamW(torch.optim.Optimizer):
                  eps: float, weight_decay: float) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
+    def _state(self, param: torch.Tensor) -> dict:
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = map_shards(param, torch.zeros_like)
+            state["exp_avg_sq"] = map_shards(param, torch.zeros_like)
+        return state
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """The state the first step makes, now, for every parameter that trains."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.requires_grad:
+                    self._state(param)
+
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         if closure is not None:
@@ -35,12 +51,7 @@ class ElementwiseAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             for param in live:
-                state = self.state[param]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = map_shards(param, torch.zeros_like)
-                    state["exp_avg_sq"] = map_shards(param, torch.zeros_like)
-                state["step"] += 1
+                self._state(param)["step"] += 1
             steps = [float(self.state[p]["step"]) for p in live]
             rows = [[p, p.grad, self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"]] for p in live]
             for chunk, _ in local_rows(rows, group.get("foreach")):  # the same ops either way

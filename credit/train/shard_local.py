@@ -62,6 +62,25 @@ def local_rows(rows: list[list[torch.Tensor]], foreach: bool | None) -> list[tup
 class ShardLocalAdamW(torch.optim.AdamW):
     """torch.optim.AdamW whose update runs on the parameters' local shards (see the module)."""
 
+    def _state(self, param: torch.Tensor, group: dict) -> dict:
+        state = self.state[param]
+        if not state:  # torch's AdamW state: a float32 host step count, zero moments
+            state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
+                                         else torch.float32)
+            state["exp_avg"] = map_shards(param, _zeros)
+            state["exp_avg_sq"] = map_shards(param, _zeros)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = map_shards(param, _zeros)
+        return state
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """The state the first step makes, now, for every parameter that trains."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.requires_grad:
+                    self._state(param, group)
+
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         if closure is not None:
@@ -76,14 +95,7 @@ class ShardLocalAdamW(torch.optim.AdamW):
                     continue
                 if param.grad.is_sparse:
                     raise RuntimeError("AdamW does not support sparse gradients")
-                state = self.state[param]
-                if not state:  # torch's AdamW state: a float32 host step count, zero moments
-                    state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
-                                                 else torch.float32)
-                    state["exp_avg"] = map_shards(param, _zeros)
-                    state["exp_avg_sq"] = map_shards(param, _zeros)
-                    if group["amsgrad"]:
-                        state["max_exp_avg_sq"] = map_shards(param, _zeros)
+                state = self._state(param, group)
                 row = [param, param.grad, state["exp_avg"], state["exp_avg_sq"]]
                 if group["amsgrad"]:
                     row.append(state["max_exp_avg_sq"])

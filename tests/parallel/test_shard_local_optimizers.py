@@ -110,3 +110,31 @@ def test_dtensor_parameters_get_the_bits_of_dtensor_ops(kind):
     for rank_result in run_ranks(_dtensor_updates, 2, kind):
         for a, b in zip(rank_result["ours"], rank_result["ref"]):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls, extra", [(ShardLocalAdamW, {}), (ShardLocalAdamW, {"amsgrad": True}),
+                                        (ElementwiseAdamW, {})])
+def test_init_state_makes_the_first_steps_state_for_the_parameters_that_train(cls, extra):
+    """`credit plan` holds the optimizer state without a step: the same entries the first step
+    makes (a frozen parameter none), and a step after it gives the bits of a step without it."""
+    runs = []
+    for init in (False, True):
+        g = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in SHAPES]
+        params[1].requires_grad_(False)
+        opt = cls(params, **HYPER, **extra)
+        if init:
+            opt.init_state()
+            made = {k: {n: (v.dtype, v.shape, float(v.abs().sum())) for n, v in s.items()}
+                    for k, s in opt.state_dict()["state"].items()}
+        for p, grad in zip(params, _grads(0)):
+            if p.requires_grad:
+                p.grad = grad
+        opt.step()
+        runs.append((params, opt.state_dict()["state"]))
+    (ref, ref_state), (ours, ours_state) = runs
+    assert made.keys() == ref_state.keys() == {0, 2}  # the frozen parameter has none
+    for k, state in ref_state.items():
+        assert made[k] == {n: (v.dtype, v.shape, 0.0) for n, v in state.items()}
+        assert all(torch.equal(v, ours_state[k][n]) for n, v in state.items())
+    assert all(torch.equal(a, b) for a, b in zip(ref, ours))

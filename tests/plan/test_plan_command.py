@@ -15,8 +15,9 @@ from credit.models.credit.config import count_parameters, resolve_credit_model
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# one block a stage: a trace's cost is per operation, and the table does not depend on depth
 CROSSFORMER = ["model=wxformer", "model.padding_conf.activate=true", "model.padding_conf.pad_lat=[8,8]",
-               "model.dim=[16,32,64,128]", "trainer.batch_size=1"]
+               "model.dim=[16,32,64,128]", "model.depth=[1,1,1,1]", "trainer.batch_size=1"]
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess:
