@@ -20,15 +20,15 @@ import torch
 
 from credit.kernels import elementwise
 from credit.parallel.local_shards import map_shards
-from credit.train.shard_local import local_rows
+from credit.train.shard_local import FirstStepState, local_rows
 
 
-class ElementwiseAdamW(torch.optim.Optimizer):
+class ElementwiseAdamW(FirstStepState, torch.optim.Optimizer):
     def __init__(self, params: Iterable[torch.Tensor], lr: float, betas: tuple[float, float],
                  eps: float, weight_decay: float) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _state(self, param: torch.Tensor) -> dict:
+    def _state(self, param: torch.Tensor, group: dict) -> dict:
         state = self.state[param]
         if not state:
             state["step"] = torch.tensor(0.0)
@@ -37,21 +37,13 @@ class ElementwiseAdamW(torch.optim.Optimizer):
         return state
 
     @torch.no_grad()
-    def init_state(self) -> None:
-        """The state the first step makes, now, for every parameter that trains."""
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.requires_grad:
-                    self._state(param)
-
-    @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         if closure is not None:
             raise ValueError("ElementwiseAdamW.step takes no closure")
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             for param in live:
-                self._state(param)["step"] += 1
+                self._state(param, group)["step"] += 1
             steps = [float(self.state[p]["step"]) for p in live]
             rows = [[p, p.grad, self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"]] for p in live]
             for chunk, _ in local_rows(rows, group.get("foreach")):  # the same ops either way

@@ -23,7 +23,7 @@ from torch.optim.adamw import adamw
 
 from credit.parallel.local_shards import map_shards
 
-__all__ = ["ShardLocalAdamW", "local_rows"]
+__all__ = ["FirstStepState", "ShardLocalAdamW", "local_rows"]
 
 
 def _zeros(tensor: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,20 @@ def local_rows(rows: list[list[torch.Tensor]], foreach: bool | None) -> list[tup
     return chunks
 
 
-class ShardLocalAdamW(torch.optim.AdamW):
+class FirstStepState:
+    """`init_state` for an optimizer whose `_state(param, group)` makes a parameter's state
+    as its first step does."""
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """The state the first step makes, now, for every parameter that trains."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.requires_grad:
+                    self._state(param, group)
+
+
+class ShardLocalAdamW(FirstStepState, torch.optim.AdamW):
     """torch.optim.AdamW whose update runs on the parameters' local shards (see the module)."""
 
     def _state(self, param: torch.Tensor, group: dict) -> dict:
@@ -72,14 +85,6 @@ class ShardLocalAdamW(torch.optim.AdamW):
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = map_shards(param, _zeros)
         return state
-
-    @torch.no_grad()
-    def init_state(self) -> None:
-        """The state the first step makes, now, for every parameter that trains."""
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.requires_grad:
-                    self._state(param, group)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
