@@ -14,9 +14,11 @@ from credit.launch import launch
 
 
 def report(args: list[str]) -> int:
-    """A rank's main: what it sees, on its stdout and its stderr."""
-    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} sees {os.environ.get('LAUNCH_MARK')} "
-          f"in {os.getcwd()} with {args[0]}", flush=True)
+    """A rank's main: what it sees, on its stdout and its stderr, each line in one write so the two
+    ranks' lines cannot interleave (`print` writes the text and its newline separately when
+    Python runs unbuffered)."""
+    os.write(1, f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} sees {os.environ.get('LAUNCH_MARK')} "
+                f"in {os.getcwd()} with {args[0]}\n".encode())
     os.write(2, f"rank {os.environ['RANK']} to stderr\n".encode())
     return 0
 
