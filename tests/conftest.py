@@ -71,6 +71,7 @@ HEAVY = {
     "train/test_credit_deterministic_training.py",
     "train/test_deterministic_training.py",
     "train/test_hardening.py",
+    "train/test_learned_variance.py",
     "train/test_memory_metrics.py",
     "train/test_post_blocks.py",
     "train/test_spectral_norm_training.py",

@@ -78,6 +78,7 @@ class ResumedRun:
     ema: EMA | None
     global_batch_size: int  # of this run: samples per step over all dp ranks
     batches_per_epoch: int  # of this run's sampler
+    loss_state: dict[str, torch.Tensor] | None = None  # learned loss weights: loaded in place when stored
 
 
 def resume_training(path: Path, run: ResumedRun) -> Progress:
@@ -98,7 +99,7 @@ def resume_training(path: Path, run: ResumedRun) -> Progress:
         )
         return Progress(global_batch_size=run.global_batch_size)
     saved, ema_restored = restore_training_state(
-        path, run.model, run.optimizer, run.scheduler, run.ema
+        path, run.model, run.optimizer, run.scheduler, run.ema, run.loss_state
     )
     if run.ema is not None and not ema_restored:
         log.warning("checkpoint %s has no EMA weights; EMA restarts from the loaded weights", path)

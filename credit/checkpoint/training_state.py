@@ -1,6 +1,7 @@
 """What a training checkpoint holds, and putting it back.
 
 Keys: `model`, `optim` (sharded, from `get_state_dict`), `ema` (sharded like the model),
+`loss` (learned loss weights and their optimizer's moments, plain tensors alike on every rank),
 `scheduler`, `progress` (step, epoch, batch_in_epoch: the sampler position, and the global
 batch size it counts in), `config` (the resolved YAML). Tensors stay DTensors; nothing is
 gathered to rank 0. No RNG state is stored: training randomness is a function of (seed,
@@ -51,6 +52,7 @@ def training_state(
     ema: EMA | None,
     progress: Progress,
     config_yaml: str,
+    loss_state: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {
@@ -67,6 +69,8 @@ def training_state(
     }
     if ema is not None:
         state["ema"] = ema.state_dict()
+    if loss_state is not None:
+        state["loss"] = loss_state
     return state
 
 
@@ -76,17 +80,22 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ema: EMA | None,
+    loss_state: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Progress, bool]:
-    """Load `path` (any dp x tp layout) into this run's objects, strictly.
+    """Load `path` (any dp x tp layout) into this run's objects, strictly; `loss_state`'s
+    tensors are loaded in place when the checkpoint holds them (else left as they are).
 
     Returns where the run stopped, and whether the EMA was restored (False when the run
     has an EMA but the checkpoint holds none: the caller restarts it from the weights).
     """
     check_stored_weights(model, path)
-    state = training_state(model, optimizer, scheduler, ema, Progress(), "")
-    ema_restored = ema is not None and any(k.startswith("ema.") for k in checkpoint_keys(path))
+    state = training_state(model, optimizer, scheduler, ema, Progress(), "", loss_state)
+    stored = checkpoint_keys(path)
+    ema_restored = ema is not None and any(k.startswith("ema.") for k in stored)
     if ema is not None and not ema_restored:
         state.pop("ema")
+    if loss_state is not None and not any(k.startswith("loss.") for k in stored):
+        state.pop("loss")
     load_checkpoint(path, state)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

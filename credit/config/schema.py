@@ -229,6 +229,9 @@ class LossConfig:
     # each variable's weight divided by its variance (the mean of its channels' std^2): BaseLoss's
     # var_weighting: inverse_variance
     inverse_variance: bool = False
+    # each variable's weight learned (BaseLoss's var_weighting: learnable): m_v exp(-s_v) L_v + 0.5 s_v,
+    # s_v from log(variance), trained beside the model (credit/train/learned_variance.py)
+    learnable_variance: bool = False
     # how a multi-step forecast's step losses combine: mean | sum (CREDIT's trainers: each
     # step's loss backpropagated, i.e. summed)
     forecast_steps: str = "mean"

@@ -268,6 +268,13 @@ def validate_trainer(trainer: DictConfig) -> None:
     check(not trainer.loss.inverse_variance or trainer.loss.combine == "variables", "trainer.loss.inverse_variance",
            trainer.loss.inverse_variance, "false unless trainer.loss.combine=variables (each variable's weight is "
            "divided by its variance)")
+    if trainer.loss.learnable_variance:
+        check(trainer.loss.combine == "variables", "trainer.loss.learnable_variance", True,
+              "needs trainer.loss.combine=variables (one learned weight per variable)")
+        check(not trainer.loss.inverse_variance, "trainer.loss.learnable_variance", True,
+              "or trainer.loss.inverse_variance, not both (the learned weights start at the inverse variances)")
+        check(trainer.loss.function in LOSS_FUNCTIONS, "trainer.loss.learnable_variance", True,
+              f"needs an elementwise trainer.loss.function ({', '.join(LOSS_FUNCTIONS)}), not a CRPS")
     for weight_name, weight in trainer.loss.variable_weights.items():
         values = list(weight) if OmegaConf.is_list(weight) or isinstance(weight, (list, tuple)) else [weight]
         check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in values),
@@ -367,6 +374,9 @@ def validate_config(cfg: DictConfig) -> None:
         check(par.ensemble & (par.ensemble - 1) == 0, "trainer.parallelism.ensemble", par.ensemble,
               "a power of two with model.gemm=deterministic (each rank's members are then a subtree of "
               "the one-process gradient tree)")
+        check(not cfg.trainer.loss.learnable_variance, "trainer.loss.learnable_variance", True,
+              "not with model.gemm=deterministic yet (the learned weights' gradient is a sum over the batch "
+              "whose order follows the layout); use inverse_variance, manual or none there")
         check(par.ensemble == 1 or cfg.trainer.batch_size == 1, "trainer.batch_size", cfg.trainer.batch_size,
               f"1 with trainer.parallelism.ensemble={par.ensemble} and model.gemm=deterministic: a rank holding "
               f"part of the members of several samples cannot add its gradients in the one-process order "

@@ -327,9 +327,9 @@ def loss(value: Any, conf: Mapping[str, Any]):
     if isinstance(overrides, str):
         return overrides
     weighting = args.get("var_weighting", "inverse_variance")
-    if weighting not in ("inverse_variance", "manual", "none"):
-        return (f"loss.args.var_weighting: {weighting!r}; inverse_variance, manual and none are read here "
-                "(learnable weights are not)")
+    if weighting not in ("inverse_variance", "manual", "learnable", "none"):
+        return (f"loss.args.var_weighting: {weighting!r}; one of inverse_variance, manual, learnable, none "
+                "(CREDIT's BaseLoss)")
     post = dict(dict(conf.get("postblocks") or {}).get("per_step") or {})
     keys = {dict(dict(b or {}).get("args") or {}).get("key", "y_processed") for b in post.values()
             if dict(b or {}).get("type") == "bridgescaler_transform"}
@@ -339,8 +339,8 @@ def loss(value: Any, conf: Mapping[str, Any]):
                 "(CREDIT's BaseLoss)")
     inverse = {expand(str(dict(b.get("args") or {}).get("scaler_path"))) for b in post.values()
                if isinstance(b, Mapping) and b.get("type") == "bridgescaler_transform"}
-    if weighting == "inverse_variance" and {expand(str(args.get("scaler_path")))} != inverse:
-        return (f"loss.args.scaler_path: {args.get('scaler_path')!r}; inverse_variance weights are read from the "
+    if weighting in ("inverse_variance", "learnable") and {expand(str(args.get("scaler_path")))} != inverse:
+        return (f"loss.args.scaler_path: {args.get('scaler_path')!r}; {weighting} weights are read from the "
                 "postblocks' bridgescaler file (the statistics that de-normalise the outputs)")
     outputs = output_variables(conf)
     names = source_var_keys(conf)
@@ -348,6 +348,7 @@ def loss(value: Any, conf: Mapping[str, Any]):
     pairs: list[tuple[str, Any]] = [
         ("trainer.loss.function", function), ("trainer.loss.space", "physical"),
         ("trainer.loss.combine", "variables"), ("trainer.loss.inverse_variance", weighting == "inverse_variance"),
+        ("trainer.loss.learnable_variance", weighting == "learnable"),
         ("trainer.loss.normalize_variable_weights", bool(args.get("normalize_weights", True))),
         ("trainer.loss.latitude_weighting", bool(args.get("use_latitude_weights", False))),
         *((f"+trainer.loss.variable_weights.{name}", w) for name, w in weights.items() if name in outputs)]

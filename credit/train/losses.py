@@ -9,13 +9,15 @@ always had here, (prediction - target)^2, the same bits as CREDIT's (target - pr
 Two ways to combine the weighted errors (`trainer.loss.combine`): the mean over every channel
 (CREDIT's flat losses), or each variable's mean over its channels and then the mean over
 variables (CREDIT's gen2 BaseLoss); both are one mean over (batch, channel, lat, lon) with
-per-channel weights (`channel_weights`, `variable_mean_weights`). With `space="physical"` the
+per-channel weights (`channel_weights`, `variable_mean_weights`, or learned ones:
+`credit.train.learned_variance`). With `space="physical"` the
 error is taken after de-normalising prediction and target (x * std + mean per channel, the
 inverse of CREDIT's scaler), as BaseLoss scores its postblocks' physical units.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from torch import nn
 
 from credit.data.target_statistics import as_fields, channel_variance
 from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
+from credit.train.learned_variance import LearnedVariance
 
 
 def channel_weights(
@@ -116,13 +119,16 @@ class WeightedLoss(nn.Module):
     """mean over (batch, channel, lat, lon) of w_lat * w_channel * error(prediction, target);
     with `physical=(std, mean)` (per channel (C,), or per channel and grid point (C, H, W)), the
     error of x * std + mean of both, through `inverse` (the data's pointwise output blocks) if given;
-    `channel_errors` gives some channels another (function, huber delta)."""
+    `channel_errors` gives some channels another (function, huber delta); `learned` multiplies
+    the channel weights by its exp(-s_v) and adds its penalty to the mean."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
                  huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
                  crps_alpha: float = 1.0, inverse: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 channel_errors: Mapping[tuple[str, float], Sequence[int]] | None = None) -> None:
+                 channel_errors: Mapping[tuple[str, float], Sequence[int]] | None = None,
+                 learned: LearnedVariance | None = None) -> None:
         super().__init__()
+        self.learned = learned
         if function not in ERRORS and function not in ENSEMBLE_FUNCTIONS:
             raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS) + list(ENSEMBLE_FUNCTIONS)}")
         self.function, self.huber_delta, self.crps_alpha = function, huber_delta, crps_alpha
@@ -152,6 +158,8 @@ class WeightedLoss(nn.Module):
             error = self._per_channel_error(prediction, target)
         else:
             error = ERRORS[self.function](prediction, target, self.huber_delta)
+        if self.learned is not None:
+            return error * self.lat_weights * self.learned.channel_weights().view(1, -1, 1, 1)
         return error * self.lat_weights * self.chan_weights
 
     def _per_channel_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -170,7 +178,18 @@ class WeightedLoss(nn.Module):
         return error
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return self.weighted_error(prediction, target).mean()
+        loss = self.weighted_error(prediction, target).mean()
+        return loss if self.learned is None else loss + self.learned.penalty()
+
+    def for_validation(self) -> "WeightedLoss":
+        """This loss with learned weights frozen at their present values (CREDIT validates with
+        the weights of the first step); itself when there are none."""
+        if self.learned is None:
+            return self
+        frozen = copy.copy(self)
+        frozen._modules = dict(self._modules)
+        frozen.learned = self.learned.frozen()
+        return frozen
 
 
 def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torch.Tensor,
@@ -184,7 +203,11 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
     mean = torch.as_tensor(as_fields(target_mean), dtype=torch.float32)
     if not loss.latitude_weighting:
         lat_weights = torch.ones_like(lat_weights)
-    if loss.combine == "variables":
+    learned = None
+    if loss.learnable_variance:
+        learned = LearnedVariance(channel_variables, loss.variable_weights, channel_variance(std.double().numpy()))
+        weights = learned.channel_scale
+    elif loss.combine == "variables":
         variance = channel_variance(std.double().numpy()) if loss.inverse_variance else None
         weights = variable_mean_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights,
                                         variance)
@@ -196,4 +219,5 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
         channel_errors.setdefault((str(override["function"]), float(override.get("huber_delta", 1.0))), []).extend(rows)
     return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
                         physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha,
-                        inverse=output_inverse if loss.space == "physical" else None, channel_errors=channel_errors)
+                        inverse=output_inverse if loss.space == "physical" else None, channel_errors=channel_errors,
+                        learned=learned)

@@ -158,6 +158,11 @@ class Trainer:
         self.lat_weights = lat_w
         self.loss_fn = training_loss(trainer.loss, self.channel_variables, lat_w, self.train_set.target_std,
                                      self.train_set.target_mean, self.train_set.output_inverse).to(rt.device)
+        self.learned = self.loss_fn.learned  # trainer.loss.learnable_variance: s_v, stepped beside the model
+        if self.learned is not None:
+            opt = trainer.optimizer
+            self.learned.attach_optimizer(opt.lr, opt.betas, opt.eps, opt.weight_decay)
+        self.valid_loss_fn = self.loss_fn.for_validation()  # learned weights: those of the first step
         # members spread over the ens axis: training gathers them before the CRPS
         self.train_loss = (MembersGathered(self.loss_fn, rt.mesh["ens"].get_group()) if rt.ens_size > 1
                            else self.loss_fn)
@@ -189,7 +194,7 @@ class Trainer:
     def save(self) -> Path:
         state = training_state(
             self.model, self.optimizer, self.scheduler, self.ema, self.progress,
-            OmegaConf.to_yaml(self.cfg),
+            OmegaConf.to_yaml(self.cfg), self.learned.checkpoint_state() if self.learned is not None else None,
         )
         path = self.checkpoints.save(self.step, state)
         log.info("saved checkpoint %s", path)
@@ -200,8 +205,11 @@ class Trainer:
         run = ResumedRun(
             self.model, self.optimizer, self.scheduler, self.ema,
             self.sampler.global_batch_size, self.sampler.batches_per_epoch,
+            self.learned.checkpoint_state() if self.learned is not None else None,
         )
         self.progress = resume_training(path, run)
+        if self.learned is not None:
+            self.learned.restore(run.loss_state)
         self._apply_config_hyperparameters()
         choose_foreach(self.model, self.optimizer)  # the checkpoint's groups carry the saving run's flag
 
@@ -250,6 +258,8 @@ class Trainer:
         if self.sdc is not None:
             self.sdc.begin_step(self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.learned is not None:
+            self.learned.zero_grad()
         advance_spectral_norm(self.model)  # u, v advance in this step's first training forward
         losses, self._step_batches = [], []
         for micro in range(trainer.grad_accum_steps):
@@ -274,6 +284,8 @@ class Trainer:
         grad_norm = float(update_parameters(self.model, self.optimizer, rt.mesh, deterministic=self.deterministic,
                                             data=trainer.parallelism.data, grad_clip=trainer.grad_clip,
                                             dynamic_scale=self._dynamic_clip_scale))
+        if self.learned is not None:
+            self.learned.step()
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model)
@@ -318,7 +330,7 @@ class Trainer:
             output_inverse=self.valid_set.output_inverse,
             lat_weights=self.lat_weights,
             loss_fn=partial(sample_mean, weighted_error=self.loss_fn.weighted_error) if self.deterministic
-            else self.loss_fn,
+            else self.valid_loss_fn,
             state_channels=self.state_channels,
             device=self.runtime.device,
             members=self.cfg.trainer.ensemble_size,
@@ -339,6 +351,8 @@ class Trainer:
         extra = list(SDC_COLUMNS) if self.sdc is not None else []
         if self.cfg.trainer.ensemble_size > 1:
             extra += [f"spread_{v}" for v in variables]  # validation's members' spread
+        if self.learned is not None:
+            extra += [f"log_variance_{v}" for v in self.learned.variables]  # the learned s_v after each step
         return MetricsLog(self.run_dir / "metrics.csv", variables, self.step or None, extra)
 
     def fit(self) -> dict[str, float]:
@@ -381,6 +395,8 @@ class Trainer:
                        peak_reserved_mib=mib(reserved))
             if self.sdc is not None:
                 row.update(sdc.columns(result.sdc))
+            if self.learned is not None:
+                row.update(self.learned.columns())
             if metrics is not None:
                 metrics.log(row)
             progress.update(self.step, result.loss, row["samples_per_s"], row["peak_mem_mib"])

@@ -150,9 +150,53 @@ def test_a_bridgescaler_file_that_cannot_scale_is_one_line(tmp_path):
         build_dataset(missing.data, "train_period")
 
 
+def test_learnable_variable_weights_are_credits_base_loss():
+    """`var_weighting: learnable` maps to trainer.loss.learnable_variance: the log-variances
+    start where CREDIT's do (log of the postblocks' file's variances), and at those and at
+    moved ones the loss and its gradients (prediction, log-variances) are BaseLoss's."""
+    fixture = torch.load(FIXTURE / "expected_learnable.pt")
+    cfg = composed(credit_config(loss=dict(training_loss="mse", var_weighting="learnable", use_latitude_weights=True,
+                                           variable_weights=fixture["weights"])))
+    assert cfg.trainer.loss.learnable_variance and not cfg.trainer.loss.inverse_variance
+    train = build_dataset(cfg.data, "train_period")
+    v = cfg.data.variables
+    channels = output_channel_variables(v.upper_air, train.levels, v.surface, v.diagnostic)
+    loss_fn = training_loss(cfg.trainer.loss, channels, latitude_weights(train.latitude), train.target_std,
+                            train.target_mean)
+    learned = loss_fn.learned
+    assert learned.variables == [key.rsplit("/", 1)[1] for key in fixture["variables"]]  # CREDIT's order
+    torch.testing.assert_close(learned.log_variance.detach(), fixture["start"]["log_variance"], rtol=0, atol=1e-5)
+    expected = torch.load(FIXTURE / "expected.pt")
+    for point in ("start", "moved"):
+        case = fixture[point]
+        with torch.no_grad():
+            learned.log_variance.copy_(case["log_variance"])
+        learned.zero_grad()
+        prediction = fixture["prediction"][:, :, 0].clone().requires_grad_(True)
+        ours = loss_fn(prediction, expected["y"][:4, :, 0])
+        ours.backward()
+        data_term = ours.item() - learned.penalty().item()  # positive; the penalty can cancel it
+        tolerance = (2 * sum_rounding_bound(prediction.numel()) + 16 * FP32_UNIT_ROUNDOFF) * (
+            abs(data_term) + abs(learned.penalty().item()))
+        assert abs(ours.item() - case["loss"].item()) <= tolerance, (point, ours.item(), case["loss"].item())
+        grad = case["grad"][:, :, 0]
+        scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)
+        assert ((prediction.grad - grad).abs() / scale).max() < 1e-4, point
+        torch.testing.assert_close(learned.log_variance.grad, case["log_variance_grad"], rtol=1e-4, atol=1e-6)
+    # validation's copy keeps the values it was made with, and no gradient reaches it
+    frozen = loss_fn.for_validation()
+    with torch.no_grad():
+        learned.log_variance.add_(1.0)
+    assert torch.equal(frozen.learned.log_variance + 1.0, learned.log_variance.detach())
+    assert not frozen.learned.log_variance.requires_grad
+
+
 def test_what_the_mapping_refuses_is_one_line_naming_the_key():
+    conf = credit_config(loss=dict(training_loss="mse", var_weighting="uncertainty"))
+    assert map_credit_file(conf).refused[0].startswith("loss.args.var_weighting: 'uncertainty'")
     conf = credit_config(loss=dict(training_loss="mse", var_weighting="learnable"))
-    assert map_credit_file(conf).refused[0].startswith("loss.args.var_weighting: 'learnable'")
+    conf["loss"]["args"]["scaler_path"] = str(FIXTURE / "scaler_spatial.json")
+    assert map_credit_file(conf).refused[0].startswith("loss.args.scaler_path:")
     conf = credit_config(loss=dict(training_loss="mse"))
     del conf["postblocks"]["per_step"]["scaler_target"]
     assert map_credit_file(conf).refused[0].startswith("loss.type: base scores the postblocks' physical units")
