@@ -374,9 +374,6 @@ def validate_config(cfg: DictConfig) -> None:
         check(par.ensemble & (par.ensemble - 1) == 0, "trainer.parallelism.ensemble", par.ensemble,
               "a power of two with model.gemm=deterministic (each rank's members are then a subtree of "
               "the one-process gradient tree)")
-        check(not cfg.trainer.loss.learnable_variance, "trainer.loss.learnable_variance", True,
-              "not with model.gemm=deterministic yet (the learned weights' gradient is a sum over the batch "
-              "whose order follows the layout); use inverse_variance, manual or none there")
         check(par.ensemble == 1 or cfg.trainer.batch_size == 1, "trainer.batch_size", cfg.trainer.batch_size,
               f"1 with trainer.parallelism.ensemble={par.ensemble} and model.gemm=deterministic: a rank holding "
               f"part of the members of several samples cannot add its gradients in the one-process order "

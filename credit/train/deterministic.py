@@ -38,11 +38,16 @@ class _RowSums(torch.autograd.Function):
         return grad[:, None].expand(grad.shape[0], ctx.k)
 
 
+def row_sums(weighted: torch.Tensor) -> torch.Tensor:
+    """(B,) sums of the rows of `weighted` (B, ...), each by the fixed K tree."""
+    return _RowSums.apply(weighted.reshape(weighted.shape[0], -1))
+
+
 def sample_sums(prediction: torch.Tensor, target: torch.Tensor,
                 weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """(B,) per-sample sums of the weighted error, each by the fixed K tree (an ensemble's
     `prediction` holds B x members forecasts; the error, one per sample)."""
-    return _RowSums.apply(weighted_error(prediction, target).reshape(target.shape[0], -1))
+    return row_sums(weighted_error(prediction, target).reshape(target.shape[0], -1))
 
 
 def sample_mean(prediction: torch.Tensor, target: torch.Tensor,
@@ -54,15 +59,16 @@ def sample_mean(prediction: torch.Tensor, target: torch.Tensor,
 
 
 def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
-                         weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """(B,) per-sample sums over `forecast_len` autoregressive steps (added step by step);
-    the prediction is fed back detached, as in the fast loss."""
+                         step_sums: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """(B,) per-sample sums over `forecast_len` autoregressive steps (added step by step) of
+    `step_sums(prediction, target)` (a loss's `sample_sums`); the prediction is fed back
+    detached, as in the fast loss."""
     state, forcing, static, target = batch["state"], batch["forcing"], batch["static"], batch["target"]
     history_len, state_channels = state.shape[1], state.shape[2]
     total, initial_state = None, state
     for step in range(target.shape[1]):
         prediction = predict(model, state, forcing[:, step : history_len + step + 1], static, initial_state)
-        sums = sample_sums(prediction, target[:, step], weighted_error)
+        sums = step_sums(prediction, target[:, step])
         total = sums if total is None else total + sums
         if step + 1 < target.shape[1]:
             state = torch.cat([state[:, 1:], prediction[:, :state_channels].detach().unsqueeze(1)], dim=1)

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from credit.train.deterministic import sample_sums
+
 ENSEMBLE_FUNCTIONS = ("kcrps", "almost_fair_crps")
 """`trainer.loss.function` values that score an ensemble (their CRPS over members)."""
 
@@ -114,6 +116,10 @@ class MembersGathered(nn.Module):
 
     def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.loss.weighted_error(gather_members(prediction, target.shape[0], self.group), target)
+
+    def sample_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(B,) per-sample sums by the fixed K tree (deterministic mode)."""
+        return sample_sums(prediction, target, self.weighted_error)
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.weighted_error(prediction, target).mean()

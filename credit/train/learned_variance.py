@@ -6,8 +6,9 @@ per output variable, trained beside the model.
 
 L_v is the variable's mean error (latitude-weighted, over its levels and grid), m_v its
 `trainer.loss.variable_weights` entry (default 1). s_v starts at log(max(var_v, 1e-12)), the
-variable's variance in the data's target statistics (the mean over its channels of std²,
-as `inverse_variance` reads it), so the first step weighs as `inverse_variance` does.
+variance of the values the loss scores: in physical space the data's target statistics (the
+mean over its channels of std², as `inverse_variance` reads it, so the first step weighs as
+`inverse_variance` does), on normalized values 1 (s_v = 0).
 
 What CREDIT's trainer does and this module keeps: the s_v take their own AdamW step with the
 model's betas, eps and weight decay at the constant `trainer.optimizer.lr` (CREDIT adds them
@@ -17,6 +18,11 @@ weights of the first step (CREDIT's validation criterion is a second, untrained 
 Where this differs, on purpose: the s_v gradient is averaged over every rank, the one-process
 gradient at the global batch (CREDIT's ranks each step their own copy, which drift apart),
 and the s_v and their AdamW moments are checkpointed (CREDIT re-initialises them on resume).
+
+Deterministic mode keeps its promise here too: the per-sample sums go variable by variable
+(each by the fixed K tree, then a fixed tree over variables), and the s_v gradient is not
+autograd's broadcast sum, whose grouping of the batch's rows follows the per-rank batch, but
+one fixed tree over every rank's rows in global sample order (`deterministic_gradient`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,30 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from credit.kernels.gemm._tree import tree_sum
+from credit.parallel.mesh import replica_mesh
+from credit.train.deterministic import row_sums
+
+
+class _VariableSums(torch.autograd.Function):
+    """(B,) sum over variables of w_v S_{b,v} by the fixed tree over v. Backward: S's gradient
+    g_b w_v (one product an element); w's rows g_b S_{b,v} are handed to `learned`, which adds
+    them over every rank's samples by one tree in global order at the step (no layout then
+    changes how the batch's rows are grouped)."""
+
+    @staticmethod
+    def forward(ctx, sums, weights, learned):  # type: ignore[override]
+        ctx.save_for_backward(sums, weights)
+        ctx.learned = learned
+        return tree_sum(list((sums * weights).unbind(1)))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        sums, weights = ctx.saved_tensors
+        ctx.learned.weight_rows.append(grad[:, None] * sums)
+        return grad[:, None] * weights, None, None
 
 
 class LearnedVariance(nn.Module):
@@ -57,6 +87,7 @@ class LearnedVariance(nn.Module):
         self.register_buffer("channel_index", torch.tensor(index), persistent=False)
         self.register_buffer("channel_scale", torch.tensor(scale, dtype=torch.float64).float(), persistent=False)
         self.optimizer: torch.optim.Optimizer | None = None
+        self.weight_rows: list[torch.Tensor] = []  # deterministic mode: (B, V) per loss call, by backward
 
     def channel_weights(self) -> torch.Tensor:
         """(C,) m_v exp(-s_v) (C / V) / count_v of each channel's variable."""
@@ -65,6 +96,19 @@ class LearnedVariance(nn.Module):
     def penalty(self) -> torch.Tensor:
         """0.5 mean_v s_v: what keeps the s_v from growing without bound."""
         return 0.5 * self.log_variance.mean()
+
+    def sample_sums(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Deterministic mode: (B,) per-sample sums of `scaled` (B, C, ...: the error weighted by
+        latitude and `channel_scale`) times exp(-s_v): each variable's channels summed by the
+        fixed K tree, then the variables by the fixed tree; the s_v gradient is made at the
+        step (`deterministic_gradient`), so neither follows the layout."""
+        per_variable = [row_sums(scaled.index_select(1, rows)) for rows in self._variable_rows(scaled.device)]
+        return _VariableSums.apply(torch.stack(per_variable, dim=1), torch.exp(-self.log_variance).detach(), self)
+
+    def _variable_rows(self, device: torch.device) -> list[torch.Tensor]:
+        index = self.channel_index.tolist()
+        return [torch.tensor([c for c, v in enumerate(index) if v == n], device=device)
+                for n in range(len(self.variables))]
 
     def frozen(self) -> "LearnedVariance":
         """A copy at these values that no gradient reaches (validation's weights)."""
@@ -75,6 +119,7 @@ class LearnedVariance(nn.Module):
         copy.register_buffer("channel_index", self.channel_index.clone(), persistent=False)
         copy.register_buffer("channel_scale", self.channel_scale.clone(), persistent=False)
         copy.optimizer = None
+        copy.weight_rows = []
         return copy
 
     # ------------------------------------------------------------------ training
@@ -85,19 +130,41 @@ class LearnedVariance(nn.Module):
 
     def zero_grad(self) -> None:
         self.log_variance.grad = None
+        self.weight_rows = []
 
-    def step(self) -> None:
-        """Average the gradient over every rank (each holds the same s_v; tensor-parallel peers
-        the same gradient), then take the AdamW step."""
-        grad = self.log_variance.grad
-        if grad is None:
-            return
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            total = grad.to(torch.float64)
+    def step(self, mesh: DeviceMesh | None = None, deterministic: bool = False, penalty_terms: int = 0) -> None:
+        """Combine the ranks' gradients, then take the AdamW step. Fast mode: autograd's
+        gradient, averaged over every rank (each holds the same s_v; tensor-parallel peers the
+        same gradient). Deterministic mode: `deterministic_gradient` over `mesh`'s replicas
+        (the data-parallel ranks) with the penalty's `penalty_terms`."""
+        if deterministic:
+            replicas = replica_mesh(mesh).get_group() if mesh is not None else None
+            self.log_variance.grad = self.deterministic_gradient(replicas, penalty_terms)
+        elif (self.log_variance.grad is not None and dist.is_available() and dist.is_initialized()
+              and dist.get_world_size() > 1):
+            total = self.log_variance.grad.to(torch.float64)
             dist.all_reduce(total)
-            grad.copy_(total / dist.get_world_size())
+            self.log_variance.grad.copy_(total / dist.get_world_size())
+        if self.log_variance.grad is None:
+            return
         assert self.optimizer is not None, "attach_optimizer before step"
         self.optimizer.step()
+
+    def deterministic_gradient(self, replicas: dist.ProcessGroup | None, penalty_terms: int) -> torch.Tensor | None:
+        """d loss / d s_v: the rows g_b S_{b,v} of every loss call on every replica, in the order
+        (call, replica, sample), which is the global sample order of each call, added by one
+        tree; times d exp(-s_v) / d s_v; plus the penalty's gradient."""
+        if not self.weight_rows:
+            return None
+        local = torch.stack(self.weight_rows)  # (calls, B, V)
+        if replicas is not None and dist.get_world_size(replicas) > 1:
+            parts = [torch.empty_like(local) for _ in range(dist.get_world_size(replicas))]
+            dist.all_gather(parts, local.contiguous(), group=replicas)
+            local = torch.stack(parts, dim=1)  # (calls, replicas, B, V)
+        rows = local.reshape(-1, local.shape[-1])
+        weights = torch.exp(-self.log_variance.detach())
+        grad = -(tree_sum(list(rows.unbind(0))) * weights)
+        return grad + torch.full_like(grad, penalty_terms * 0.5 / len(self.variables))
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, torch.Tensor]:

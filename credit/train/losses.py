@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from credit.data.target_statistics import as_fields, channel_variance
+from credit.train.deterministic import sample_sums
 from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
 from credit.train.learned_variance import LearnedVariance
 
@@ -147,6 +148,27 @@ class WeightedLoss(nn.Module):
     def weighted_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The weighted elementwise error (B, C, lat, lon), before any sum (an ensemble's
         `prediction`: (B x members, C, lat, lon))."""
+        error = self.error(prediction, target) * self.lat_weights
+        if self.learned is not None:
+            return error * self.learned.channel_weights().view(1, -1, 1, 1)
+        return error * self.chan_weights
+
+    def sample_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Deterministic mode: (B,) per-sample sums of the weighted error by the fixed trees."""
+        if self.learned is None:
+            return sample_sums(prediction, target, self.weighted_error)
+        scaled = self.error(prediction, target) * self.lat_weights * self.learned.channel_scale.view(1, -1, 1, 1)
+        return self.learned.sample_sums(scaled)
+
+    def sample_mean(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Deterministic mode's validation loss of one sample: its sum by the fixed trees over
+        its elements (plus the learned weights' penalty)."""
+        mean = self.sample_sums(prediction, target)[0] / target[0].numel()
+        return mean if self.learned is None else mean + self.learned.penalty()
+
+    def error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The unweighted elementwise error (B, C, lat, lon), in physical space after the
+        de-normalisation and the output blocks."""
         if self.physical:  # float32 as BaseLoss scores it (physical magnitudes overflow half precision)
             prediction = prediction.float() * self.std + self.mean
             target = target.float() * self.std + self.mean
@@ -158,9 +180,7 @@ class WeightedLoss(nn.Module):
             error = self._per_channel_error(prediction, target)
         else:
             error = ERRORS[self.function](prediction, target, self.huber_delta)
-        if self.learned is not None:
-            return error * self.lat_weights * self.learned.channel_weights().view(1, -1, 1, 1)
-        return error * self.lat_weights * self.chan_weights
+        return error
 
     def _per_channel_error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Each channel's error with its own (function, delta): the overridden channels' groups,
@@ -204,8 +224,10 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
     if not loss.latitude_weighting:
         lat_weights = torch.ones_like(lat_weights)
     learned = None
-    if loss.learnable_variance:
-        learned = LearnedVariance(channel_variables, loss.variable_weights, channel_variance(std.double().numpy()))
+    if loss.learnable_variance:  # s_v start at the log-variance of the values scored: normalized ones have 1
+        physical = loss.space == "physical"
+        learned = LearnedVariance(channel_variables, loss.variable_weights,
+                                  channel_variance(std.double().numpy()) if physical else [1.0] * len(channel_variables))
         weights = learned.channel_scale
     elif loss.combine == "variables":
         variance = channel_variance(std.double().numpy()) if loss.inverse_variance else None

@@ -37,7 +37,7 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
         (loss * ensemble_ranks / accum).backward()
         return loss.detach(), None
     defer_spectral_norm_backward(model)  # finished once G is summed (update_parameters)
-    sums = forecast_sample_sums(model, batch, loss_fn.weighted_error)
+    sums = forecast_sample_sums(model, batch, loss_fn.sample_sums)
     target = batch["target"]
     steps = target.shape[1] if forecast_steps == "mean" else 1  # `sum`: the steps' losses added
     scale = 1.0 / (step_samples * target[0, 0].numel() * steps)

@@ -12,7 +12,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +34,6 @@ from credit.data import (
 from credit.models import EMA, advance_spectral_norm, attach_post_blocks, build_model
 from credit.models.dropout import MemberBlock, dropout_step
 from credit.parallel import Runtime, seed_for_init, seed_for_step
-from credit.train.deterministic import sample_mean
 from credit.train.loaders import build_loaders
 from credit.train.ensemble import MembersGathered, with_members
 from credit.train.losses import training_loss
@@ -278,14 +276,18 @@ class Trainer:
                 losses.append(self._backward(with_members(batch, here)))
         loss_value = step_loss(losses, self._loss_scale, self.runtime.mesh, self.deterministic,
                                self.runtime.device)  # every rank agrees before deciding
+        # the learned weights' penalty: once a forecast step (their mean: once; their sum: forecast_len)
+        penalty_terms = self.cfg.data.forecast_len if trainer.loss.forecast_steps == "sum" else 1
+        if self.learned is not None and self.deterministic:  # the sums hold the data term only
+            loss_value += penalty_terms * float(self.learned.penalty())
         if not math.isfinite(loss_value):
             return self._non_finite(loss_value, started)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = float(update_parameters(self.model, self.optimizer, rt.mesh, deterministic=self.deterministic,
                                             data=trainer.parallelism.data, grad_clip=trainer.grad_clip,
                                             dynamic_scale=self._dynamic_clip_scale))
-        if self.learned is not None:
-            self.learned.step()
+        if self.learned is not None:  # deterministic mode: their gradient made here, in a fixed order
+            self.learned.step(rt.mesh, self.deterministic, penalty_terms)
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model)
@@ -329,8 +331,7 @@ class Trainer:
             target_mean=self.valid_set.target_mean,
             output_inverse=self.valid_set.output_inverse,
             lat_weights=self.lat_weights,
-            loss_fn=partial(sample_mean, weighted_error=self.loss_fn.weighted_error) if self.deterministic
-            else self.valid_loss_fn,
+            loss_fn=self.valid_loss_fn.sample_mean if self.deterministic else self.valid_loss_fn,
             state_channels=self.state_channels,
             device=self.runtime.device,
             members=self.cfg.trainer.ensemble_size,

@@ -183,6 +183,16 @@ def test_learnable_variable_weights_are_credits_base_loss():
         scale = grad.abs().amax(dim=(0, 2, 3), keepdim=True)
         assert ((prediction.grad - grad).abs() / scale).max() < 1e-4, point
         torch.testing.assert_close(learned.log_variance.grad, case["log_variance_grad"], rtol=1e-4, atol=1e-6)
+        # deterministic mode's sums (variable by variable, by the fixed trees) and its s_v gradient
+        learned.zero_grad()
+        prediction.grad = None
+        sums = loss_fn.sample_sums(prediction, expected["y"][:4, :, 0])
+        (sums.sum() / prediction[0].numel() / len(sums)).backward()
+        exact = sums.sum().item() / prediction[0].numel() / len(sums) + learned.penalty().item()
+        assert abs(exact - case["loss"].item()) <= tolerance, (point, exact, case["loss"].item())
+        assert ((prediction.grad - grad).abs() / scale).max() < 1e-4, point
+        torch.testing.assert_close(learned.deterministic_gradient(None, 1), case["log_variance_grad"],
+                                   rtol=1e-4, atol=1e-6)
     # validation's copy keeps the values it was made with, and no gradient reaches it
     frozen = loss_fn.for_validation()
     with torch.no_grad():
