@@ -11,6 +11,7 @@ written before that still hold `rng.rank*` keys, which are never read.
 
 from __future__ import annotations
 
+import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from credit.checkpoint.manager import checkpoint_keys, load_checkpoint
 from credit.checkpoint.strict import check_stored_weights
 from credit.models.ema import EMA
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,6 +98,8 @@ def restore_training_state(
     if ema is not None and not ema_restored:
         state.pop("ema")
     if loss_state is not None and not any(k.startswith("loss.") for k in stored):
+        log.warning("checkpoint %s holds no learned loss weights (trainer.loss.learnable_variance was off): "
+                    "they start from their initial values", path)
         state.pop("loss")
     load_checkpoint(path, state)
     set_state_dict(
