@@ -50,14 +50,6 @@ def sample_sums(prediction: torch.Tensor, target: torch.Tensor,
     return row_sums(weighted_error(prediction, target).reshape(target.shape[0], -1))
 
 
-def sample_mean(prediction: torch.Tensor, target: torch.Tensor,
-                weighted_error: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """One sample's mean weighted error, its sum by the K tree (validation in deterministic
-    mode: torch's `mean` reduces in an order set by the intra-op thread count, so one process
-    on several cores and torchrun's one-thread ranks would report other bits)."""
-    return sample_sums(prediction, target, weighted_error)[0] / target[0].numel()
-
-
 def forecast_sample_sums(model: nn.Module, batch: dict[str, torch.Tensor],
                          step_sums: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """(B,) per-sample sums over `forecast_len` autoregressive steps (added step by step) of

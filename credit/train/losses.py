@@ -162,13 +162,15 @@ class WeightedLoss(nn.Module):
 
     def sample_mean(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Deterministic mode's validation loss of one sample: its sum by the fixed trees over
-        its elements (plus the learned weights' penalty)."""
+        its elements (plus the learned weights' penalty). torch's `mean` reduces in an order set
+        by the intra-op thread count, so one process on several cores and torchrun's one-thread
+        ranks would report other bits."""
         mean = self.sample_sums(prediction, target)[0] / target[0].numel()
         return mean if self.learned is None else mean + self.learned.penalty()
 
     def error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The unweighted elementwise error (B, C, lat, lon), in physical space after the
-        de-normalisation and the output blocks."""
+        """The unweighted elementwise error (B, C, lat, lon); in physical space, of the
+        de-normalised values after the output blocks."""
         if self.physical:  # float32 as BaseLoss scores it (physical magnitudes overflow half precision)
             prediction = prediction.float() * self.std + self.mean
             target = target.float() * self.std + self.mean

@@ -124,11 +124,10 @@ def test_sample_sums_are_the_gemms_row_sums_forward_and_backward(dtype):
 
 
 def test_deterministic_validation_loss_is_the_same_at_any_thread_count():
-    """Deterministic mode's validation loss per sample (`sample_mean`, the trainer's choice
-    there) has the same bits with one intra-op thread as with two, where torch's `mean`
-    splits a large sample's reduction between threads; and it is that mean up to rounding."""
-    from credit.train.deterministic import sample_mean
-
+    """Deterministic mode's validation loss per sample (`WeightedLoss.sample_mean`, the
+    trainer's choice there) has the same bits with one intra-op thread as with two, where
+    torch's `mean` splits a large sample's reduction between threads; and it is that mean up to
+    rounding."""
     gen = torch.Generator().manual_seed(4)
     prediction, target = torch.randn(2, 4, 96, 128, generator=gen), torch.randn(2, 4, 96, 128, generator=gen)
     loss = WeightedLoss(torch.linspace(0.5, 1.5, 96), torch.linspace(1.0, 2.0, 4))
@@ -137,7 +136,7 @@ def test_deterministic_validation_loss_is_the_same_at_any_thread_count():
         values = []
         for n in (1, 2):
             torch.set_num_threads(n)
-            values.append(sample_mean(prediction[1:], target[1:], loss.weighted_error))
+            values.append(loss.sample_mean(prediction[1:], target[1:]))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(values[0], values[1])
