@@ -20,6 +20,7 @@ from typing import Any
 from credit.interop import config_gen1 as cv
 from credit.interop import config_gen2 as cvg
 from credit.interop import config_gen2_blocks as cvb
+from credit.interop import config_gen2_loss
 from credit.interop.config_gen1 import Convert
 
 
@@ -175,7 +176,7 @@ TABLE: tuple[Rule, ...] = (
     *(Rule(f"trainer.{key}", note="CREDIT's gen2 trainer does not read it", schema="gen2")
       for key in ("use_mixed_precision", "mixed_precision", "checkpoint_all_layers")),
     Rule("trainer.cpu_offload", _refuse_if(bool, "trainer.cpu_offload: true is not implemented"), schema="gen2"),
-    Rule("loss.type", cvb.loss),
+    Rule("loss.type", config_gen2_loss.loss),
     Rule("loss.args", note="read with loss.type"),
 )
 RULES = {(rule.schema, rule.key): rule for rule in TABLE}
