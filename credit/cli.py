@@ -140,55 +140,12 @@ def _launch(nproc: int, overrides: Sequence[str], command_name: str = "train", c
     sys.exit(max(failed) if failed else 0)
 
 
-def _credit_config(args: Sequence[str], report: bool = False) -> tuple[list[str], list[str]]:
-    """`--credit-config FILE` among `args` -> (the overrides FILE maps to followed by the rest of
-    `args`, which win; the report lines). Refusals and unreadable files raise ValueError; the
-    keys ignored are named in one warning (the whole mapping with `report`)."""
-    args = list(args)
-    if "--credit-config" not in args:
-        return args, []
-    at = args.index("--credit-config")
-    if at + 1 >= len(args):
-        raise ValueError("--credit-config needs the path of a CREDIT config file")
-    path = args[at + 1]
-    from credit.interop.checkpoint_import import describe_credit_model
-    from credit.interop.config_file import map_credit_file
-    from credit.interop.data_grid import grid_mismatch
-    from credit.models.credit.checkpoint import read_credit_config
-
-    config = read_credit_config(path)
-    mapping = map_credit_file(config)
-    mismatch = grid_mismatch(dict(config.get("model") or {}), mapping.overrides) if not mapping.refused else None
-    if mismatch:
-        raise ValueError(f"{path}: {mismatch}")
-    lines, refused, model_overrides = describe_credit_model(path)
-    lines += ["# the data, trainer and loss keys", *mapping.lines]
-    refused = [*refused, *mapping.refused]
-    if refused:
-        if report:
-            print("\n".join(lines))
-        raise ValueError(refused[0] if len(refused) == 1 else f"{refused[0]} (and {len(refused) - 1} more: "
-                                                              f"credit check --credit-config {path})")
-    if mapping.ignored and not report and os.environ.get("RANK", "0") == "0":
-        print(f"warning: {path}: CREDIT keys ignored here: {', '.join(mapping.ignored)} (credit check "
-              f"--credit-config {path} says why)", file=sys.stderr)
-    rest = [*args[:at], *args[at + 2:]]
-    mapped = mapping.overrides
-    if any(arg.startswith("parallelism=") for arg in rest):  # the layout the user picks wins whole
-        mapped = [o for o in mapped if not o.startswith(("trainer.parallelism.data=", "trainer.parallelism.tensor="))]
-    # a run length the user gives wins over the file's epochs (which would set it again at start)
-    for given, from_epochs in (("trainer.max_steps=", "trainer.epochs="),
-                               ("trainer.steps_per_job=", "trainer.epochs_per_job=")):
-        if any(arg.startswith(given) for arg in rest):
-            mapped = [o for o in mapped if not o.startswith(from_epochs)]
-    return [*model_overrides, *mapped, *rest], lines
-
-
 def _compose_or_launch(args: Sequence[str], command_name: str):
     """Compose and validate the config (and the layout for --nproc N); with N > 1, re-run
     the command as N local ranks (credit.launch), which does not return. Returns (exit code, cfg):
     a non-None exit code means stop with it."""
     from credit.config import ConfigError, compose_config
+    from credit.interop.command_line import credit_file_overrides
 
     if _LAUNCHED_CONFIG is not None:  # a launched rank: its launcher composed the config
         return None, _LAUNCHED_CONFIG
@@ -198,7 +155,7 @@ def _compose_or_launch(args: Sequence[str], command_name: str):
             from credit.launch import start_forkserver
 
             start_forkserver()
-        overrides, _ = _credit_config(overrides)
+        overrides, _ = credit_file_overrides(overrides)
         cfg = compose_config(overrides)
         if nproc is not None:
             from credit.parallel.mesh import resolve_layout
@@ -256,9 +213,10 @@ def _check(overrides: Sequence[str]) -> int:
     from omegaconf import OmegaConf
 
     from credit.config import ConfigError, compose_config
+    from credit.interop.command_line import credit_file_overrides
 
     try:
-        overrides, credit_lines = _credit_config(overrides, report=True)
+        overrides, credit_lines = credit_file_overrides(overrides, report=True)
         cfg = compose_config(overrides)
     except (ConfigError, ValueError) as error:  # CreditCheckpointError (the file) is a ValueError
         return _fail(str(error))
@@ -289,8 +247,6 @@ def _convert(args: Sequence[str]) -> int:
     if len(args) < 2 or any("=" in a for a in args[:2]):
         return _fail("usage: credit convert-checkpoint [--credit-config CREDIT.yml] IN OUT [KEY=VALUE ...]")
     source, out, overrides = args[0], args[1], args[2:]
-    from pathlib import Path
-
     if Path(out).exists():  # before any work: nothing is written
         return _fail(f"{out} already exists; refusing to overwrite it (choose a new path)")
     from credit.config import ConfigError, compose_config

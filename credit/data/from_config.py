@@ -134,16 +134,43 @@ def model_layout(data: DictConfig,
     levels of `data.*` on the grid of `dataset` (default: the training dataset of `data`)."""
     if dataset is None:
         dataset = build_dataset(data, "train_period")
+    frames = data.history_len
+    if data.layout == "credit-gen1":
+        frames = dataset.input_frames  # history_len counts file steps, skip_periods apart
+    return layout_from_counts(**_variable_counts(data), history_len=frames, grid=tuple(dataset.grid_shape))
+
+
+def _variable_counts(data: DictConfig) -> dict[str, int]:
     v = data.variables
-    forcing, frames = len(v.forcing), data.history_len
+    forcing = len(v.forcing)
     if data.layout == "credit-gen1":  # CREDIT's forcing block: dynamic forcing, forcing file
         forcing += len(data.credit.forcing_file_variables)
-        frames = dataset.input_frames  # history_len counts file steps, skip_periods apart
-    return layout_from_counts(
-        upper_air=len(v.upper_air), levels=len(data.levels), surface=len(v.surface),
-        forcing=forcing, static=len(v.static), diagnostic=len(v.diagnostic),
-        history_len=frames, grid=tuple(dataset.grid_shape),
-    )
+    return dict(upper_air=len(v.upper_air), levels=len(data.levels), surface=len(v.surface), forcing=forcing,
+                static=len(v.static), diagnostic=len(v.diagnostic))
+
+
+CHANNEL_KEYS = ("channels", "levels", "surface_channels", "input_only_channels", "output_only_channels")
+
+
+def check_model_channels(data: DictConfig, model: DictConfig) -> None:
+    """Before any file is read: a CREDIT model's channel counts that `model.*` sets must be
+    those of the data's variable lists (ConfigError naming the key), the check `build_model`
+    makes with the files' grid and frames (`credit.interop.command_line.channel_mismatch`:
+    a CREDIT file whose model section disagrees with its own variable lists is refused by
+    `credit check`, not at the first step)."""
+    from credit.config import ConfigError
+    from credit.models.build import CREDIT_TYPES, credit_arguments  # the model code: only for CREDIT's models
+
+    if model.name not in CREDIT_TYPES:
+        return
+    counts = layout_from_counts(**_variable_counts(data), history_len=data.history_len, grid=(0, 0))
+    channels = {key: counts["credit_channels"][key] for key in CHANNEL_KEYS}
+    if not len(data.levels):  # the files' levels, read later
+        del channels["levels"]
+    try:
+        credit_arguments(model, channels)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def layout_from_counts(*, upper_air: int, levels: int, surface: int, forcing: int, static: int,

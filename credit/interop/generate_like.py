@@ -61,6 +61,19 @@ def _store_path(out: Path, template: str, when: pd.Timestamp) -> Path:
     return placed(out, template).parent / _store_name(template, when)
 
 
+def _refusal(conf: Mapping[str, Any]) -> str | None:
+    """The first line `credit check --credit-config` would stop the file at, its data paths
+    aside (they name files this command writes), or None."""
+    from credit.interop.command_line import channel_mismatch
+    from credit.interop.config_file import map_credit_file
+
+    mapping = map_credit_file(conf)
+    refused = [line for line in mapping.refused if "matches no file" not in line]
+    if refused:
+        return refused[0]
+    return channel_mismatch(dict(conf.get("model") or {}), mapping.overrides)
+
+
 def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, int] | None = None,
                   days: int = 2, seed: int = 0, overwrite: bool = False) -> Path:
     """Write data in `config_file`'s layout and the file's copy into `out`; return the copy's path."""
@@ -71,6 +84,9 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
         raise GenerateError(f"--like {source_file}: not a readable YAML file: {str(err).splitlines()[0]}") from None
     if not isinstance(conf, Mapping) or not isinstance(conf.get("data"), Mapping):
         raise GenerateError(f"--like {source_file}: not a CREDIT config file (it has no `data` section)")
+    refusal = _refusal(conf)
+    if refusal:  # data for a file that would not train here: not one byte of it
+        raise GenerateError(f"--like {source_file}: {refusal} (credit check --credit-config {source_file} says more)")
     if not is_gen2(conf):
         return generate_like_gen1(conf, source_file, out, grid=grid, days=days, seed=seed, overwrite=overwrite)
     found = only_source(conf["data"], "data")
@@ -250,7 +266,7 @@ def _write_normaliser(args: Mapping[str, Any], training: Mapping[str, np.ndarray
                       levels: Sequence[float]) -> None:
     """The era5_normalizer's mean and std files: every variable's statistics over the generated
     training times; upper-air variables on a `level` axis whose 1-indexed `levels` positions (or
-    its whole length) hold the data's levels in order."""
+    its whole length, then with the data's level values) hold the data's levels in order."""
     positions = [int(p) for p in args.get("levels") or range(1, len(levels) + 1)]
     axis = max(positions)
     means, stds = {}, {}
@@ -263,6 +279,9 @@ def _write_normaliser(args: Mapping[str, Any], training: Mapping[str, np.ndarray
                 means[var], stds[var] = ("level", full_mean), ("level", full_std)
             else:
                 means[var], stds[var] = ((), float(mean)), ((), float(std))
-    coords = {"level": np.arange(1, axis + 1)}
+    # the data's levels where the positions are the whole axis, so the run finds the levels it
+    # reads (a longer axis picked by position keeps its position numbers: CREDIT's own layout)
+    whole = positions == list(range(1, len(levels) + 1))
+    coords = {"level": np.asarray(levels, dtype=np.float64) if whole else np.arange(1, axis + 1)}
     for key, table in (("mean_path", means), ("std_path", stds)):
         write_atomically(xr.Dataset(table, coords=coords), Path(args[key]))

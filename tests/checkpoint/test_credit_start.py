@@ -17,7 +17,7 @@ import yaml
 from credit_fixtures import CHECKPOINT_RUN, credit_run_config
 
 from credit.interop.training_state import parameter_order
-from credit.cli import _credit_config
+from credit.interop.command_line import credit_file_overrides
 from credit.config import ConfigError, compose_config
 from credit.data.sampler import collate_samples
 from credit.models.credit.checkpoint import from_credit, read_credit_checkpoint, unwrapped_name
@@ -31,7 +31,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _trainer(config: Path, *overrides: str) -> Trainer:
-    args, _ = _credit_config(["--credit-config", str(config), "trainer.device=cpu", "trainer.progress_bar=false",
+    args, _ = credit_file_overrides(["--credit-config", str(config), "trainer.device=cpu", "trainer.progress_bar=false",
                               *overrides])
     cfg = compose_config(args)
     trainer = Trainer(cfg, build_runtime(cfg))
@@ -176,7 +176,7 @@ def test_fsdp_modes_files_continue_the_run_as_its_checkpoint_pt_does(tmp_path):
 
 def test_fsdp_modes_missing_file_is_one_line(tmp_path):
     config = _fsdp_config(tmp_path, "checkpoint.pt", "model_checkpoint.pt")  # load_optimizer without its file
-    args, _ = _credit_config(["--credit-config", str(config)])
+    args, _ = credit_file_overrides(["--credit-config", str(config)])
     with pytest.raises(ConfigError, match=r"trainer.credit_start.fsdp=True is invalid: CREDIT's fsdp mode writes "
                                           r"optimizer_checkpoint.pt beside checkpoint.pt"):
         compose_config(args)

@@ -1,0 +1,83 @@
+"""`--credit-config FILE` on a command line: the CREDIT file read as CREDIT reads it, its model
+and mapped keys turned into this project's overrides, ahead of the user's (which win)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def credit_file_overrides(args: Sequence[str], report: bool = False) -> tuple[list[str], list[str]]:
+    """`--credit-config FILE` among `args` -> (the overrides FILE maps to followed by the rest of
+    `args`, which win; the report lines). Refusals and unreadable files raise ValueError; the
+    keys ignored are named in one warning (the whole mapping with `report`)."""
+    args = list(args)
+    if "--credit-config" not in args:
+        return args, []
+    at = args.index("--credit-config")
+    if at + 1 >= len(args):
+        raise ValueError("--credit-config needs the path of a CREDIT config file")
+    path = args[at + 1]
+    from credit.interop.checkpoint_import import describe_credit_model
+    from credit.interop.config_file import map_credit_file
+    from credit.interop.data_grid import grid_mismatch
+    from credit.models.credit.checkpoint import read_credit_config
+
+    config = read_credit_config(path)
+    mapping = map_credit_file(config)
+    mismatch = None if mapping.refused else (grid_mismatch(dict(config.get("model") or {}), mapping.overrides)
+                                             or channel_mismatch(dict(config.get("model") or {}), mapping.overrides))
+    if mismatch:
+        raise ValueError(f"{path}: {mismatch}")
+    lines, refused, model_overrides = describe_credit_model(path)
+    lines += ["# the data, trainer and loss keys", *mapping.lines]
+    refused = [*refused, *mapping.refused]
+    if refused:
+        if report:
+            print("\n".join(lines))
+        raise ValueError(refused[0] if len(refused) == 1 else f"{refused[0]} (and {len(refused) - 1} more: "
+                                                              f"credit check --credit-config {path})")
+    if mapping.ignored and not report and os.environ.get("RANK", "0") == "0":
+        print(f"warning: {path}: CREDIT keys ignored here: {', '.join(mapping.ignored)} (credit check "
+              f"--credit-config {path} says why)", file=sys.stderr)
+    rest = [*args[:at], *args[at + 2:]]
+    mapped = mapping.overrides
+    if any(arg.startswith("parallelism=") for arg in rest):  # the layout the user picks wins whole
+        mapped = [o for o in mapped if not o.startswith(("trainer.parallelism.data=", "trainer.parallelism.tensor="))]
+    # a run length the user gives wins over the file's epochs (which would set it again at start)
+    for given, from_epochs in (("trainer.max_steps=", "trainer.epochs="),
+                               ("trainer.steps_per_job=", "trainer.epochs_per_job=")):
+        if any(arg.startswith(given) for arg in rest):
+            mapped = [o for o in mapped if not o.startswith(from_epochs)]
+    return [*model_overrides, *mapped, *rest], lines
+
+
+def channel_mismatch(model: Mapping[str, Any], overrides: Sequence[str]) -> str | None:
+    """One line when the model section's channel counts (where set) are not those of the
+    variable lists the file's data section gives (mapped to `overrides`), as `credit train`
+    would find at its first step (`check_model_channels`, the one rule); None otherwise. CREDIT
+    builds its model from the counts alone, so such a file's model takes other channels than
+    its data gives, or outputs other channels than its targets."""
+    from omegaconf import OmegaConf
+
+    from credit.config import ConfigError
+    from credit.data.from_config import check_model_channels
+
+    keys = ("data.layout=", "data.variables.", "data.levels=", "data.credit.forcing_file_variables=")
+    if not any(o.startswith("data.variables.") for o in overrides):  # a file of a model section alone
+        return None
+    data = OmegaConf.merge(
+        OmegaConf.create({"layout": "credit-gen1", "levels": [], "history_len": 1, "credit": {"forcing_file_variables": []},
+                          "variables": {role: [] for role in ("upper_air", "surface", "forcing", "static", "diagnostic")}}),
+        OmegaConf.from_dotlist([o for o in overrides if o.startswith(keys)]).get("data", {}))
+    try:
+        check_model_channels(data, OmegaConf.create({"name": model.get("type"), **{k: v for k, v in model.items()
+                                                                                     if k != "type"}}))
+    except ConfigError as error:
+        head = str(error).split("; set ")[0]
+        return (f"{head}: the file's model: section counts other channels than its data: section lists, and CREDIT "
+                "builds its model from these counts alone (its model would take or give other channels than the "
+                "data's); make the two agree")
+    return None
