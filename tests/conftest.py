@@ -1,5 +1,8 @@
 """Shared fixtures: a tiny real dataset in ERA5 layout, and config overrides sized for it."""
 
+import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,19 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def year_free_tmp_path(tmp_path):
+    """pytest's folder, or a fresh one when its path holds four digits in a row: CREDIT's gen1
+    year filter reads a year anywhere in a path (`generate_like_gen1` refuses an --out that
+    would mislead it), and pytest's numbered folders (pytest-N) reach years in time."""
+    if not re.search(r"\d{4}", str(tmp_path)):
+        yield tmp_path
+        return
+    base = Path(tempfile.mkdtemp(prefix="credit_like_"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
 def tiny_overrides(tiny_data):
     """Overrides for a seconds-long training run on `tiny_data` writing to `run_dir`."""
 
@@ -42,6 +58,7 @@ HEAVY = {
     "checkpoint/test_credit_start.py",
     "config/test_credit_gen2_config.py",
     "config/test_credit_like.py",
+    "config/test_credit_smoke_files.py",
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
     "manual/test_gpu_kit.py",
@@ -95,6 +112,7 @@ LONGEST_FIRST = (  # by their summed --durations in clean-clone runs (Zen 3, 202
     "plan/test_plan_command.py",
     "plan/test_plan_estimates.py",
     "config/test_credit_like.py",
+    "config/test_credit_smoke_files.py",
 )
 
 

@@ -37,7 +37,7 @@ import torch
 
 from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
 from credit.data.statistics_files import first_unusable
-from credit.interop.layout import CreditLayout
+from credit.interop.layout import CreditLayout, iso, warn_once
 
 FILE_ROLES = ("upper_air", "surface", "dynamic_forcing", "diagnostic")  # yearly files, paired by year
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")
@@ -125,6 +125,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
             for f, path in enumerate(paths):
                 for var in self.names[role]:
                     self.check_store_complete(path, var, self._file_times[f], self.period)
+        self._static()  # its values checked here, before any sample
 
     # ------------------------------------------------------------------ files
     def _role_files(self, files: Mapping[str, str | None], role: str, years: tuple[int, int]) -> list[Path]:
@@ -166,6 +167,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
                     times = t
                 elif not np.array_equal(t, times):
                     raise DataError(f"{paths[i]} and {path} hold different times; CREDIT pairs them step by step")
+            _warn_uneven(path, times)
             self._file_times.append(times)
         ds = self._store(self.files[next(iter(self.files))][0])
         self.lat_name = next((n for n in LAT_NAMES if n in ds.coords or n in ds.dims), None)
@@ -319,7 +321,8 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
                     if var not in ds.data_vars:
                         raise DataError(f"{self._static_path} has no static variable {var!r}; it holds "
                                         f"{sorted(ds.data_vars)}")
-                    values.append(np.asarray(ds[var].values, dtype=np.float32).reshape(self.grid_shape))
+                    field = np.asarray(ds[var].values, dtype=np.float32).reshape(self.grid_shape)
+                    values.append(self.check_finite(field[None], var, self._static_path, None, None)[0])
             self._static_values = values
         return self._static_values
 
@@ -350,6 +353,20 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
     @property
     def target_std(self) -> np.ndarray:
         return self._stat(self._std)
+
+
+def _warn_uneven(path: Path, times: np.ndarray) -> None:
+    """One warning when a file's times are not evenly spaced (a gap, a repeated time): CREDIT's
+    gen1 reader pairs them by position, and so does this one, so a sample across it spans
+    other intervals than the rest."""
+    steps = np.diff(times)
+    if not len(steps) or (steps == steps[0]).all():
+        return
+    usual = int(np.median(steps))
+    odd = int(np.flatnonzero(steps != usual)[0])
+    warn_once(f"{path}: its times are not evenly spaced ({int(steps[odd]) / 3.6e12:g} h after {iso(int(times[odd]))}, "
+              f"{usual / 3.6e12:g} h elsewhere); CREDIT's gen1 reader pairs time steps by position, and so does this "
+              "run: a sample across it spans other intervals than the rest")
 
 
 def _month_day_hour(times: np.ndarray) -> list[tuple[int, int, int]]:

@@ -46,8 +46,8 @@ import pandas as pd
 import torch
 
 from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
-from credit.interop.data_gen2_values import Gen2Values, iso, warn_once
-from credit.interop.layout import CreditLayout
+from credit.interop.data_gen2_values import Gen2Values
+from credit.interop.layout import CreditLayout, iso, warn_once
 from credit.interop.path_templates import template_files
 from credit.interop.pointwise_blocks import blocks
 
@@ -128,20 +128,41 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                             f"{self.history_len - 1} steps before its init and forecast_len = {self.forecast_len} "
                             f"after it, every {timestep}")
         self._check_stores_complete()
+        if self.names["static"]:
+            self._static()  # its values checked here, before any sample
 
     def _check_stores_complete(self) -> None:
-        """A zarr store that lacks a chunk a sample reads is one error before any sample."""
+        """Before any sample, one error for a time a sample reads that no file holds (a gap,
+        a file cut short, a time coordinate that is not dates) or a zarr chunk it lacks."""
         needed = (int(self._inits[0]) - (self.history_len - 1) * self.step_ns,
                   int(self._inits[-1]) + self.forecast_len * self.step_ns)
+        every = np.arange(needed[0], needed[1] + 1, self.step_ns, dtype=np.int64)
         roles = {"prognostic": self.names["upper_air"] + self.names["surface"],
                  "dynamic_forcing": self.names["dynamic_forcing"], "diagnostic": self.names["diagnostic"]}
         for role, entries in self.files.items():
-            for path, *_ in entries:
-                times = None
+            held = np.zeros(len(every), dtype=bool)
+            for path, start, end in entries:
+                coord = self._store(path)["time"].values
+                times = coord.astype("datetime64[ns]").astype(np.int64)
+                mine = (every >= start) & (every <= end) & ~held
+                self._check_times_held(path, coord, times, every[mine])
+                held |= mine
                 for var in roles[role]:
-                    if times is None:
-                        times = self._store(path)["time"].values.astype("datetime64[ns]").astype(np.int64)
                     self.check_store_complete(path, var, times, needed)
+            if not held.all():
+                self._file_at(role, int(every[~held][0]))  # names the time and the files
+
+    @staticmethod
+    def _check_times_held(path: Path, coord: np.ndarray, times: np.ndarray, wanted: np.ndarray) -> None:
+        missing = wanted[~np.isin(wanted, times)]
+        if not len(missing):
+            return
+        kind = "" if np.issubdtype(coord.dtype, np.datetime64) else f" (its time coordinate holds {coord.dtype} " \
+                                                                     "values, not dates)"
+        span = f"{iso(int(times.min()))} to {iso(int(times.max()))}" if len(times) else "none"
+        raise DataError(f"{path} lacks {len(missing)} of the {len(wanted)} times the samples read, the first "
+                        f"{iso(int(missing[0]))}; it holds {len(times)} times, {span}{kind}. CREDIT reads every "
+                        "sample time exactly: complete the file, or narrow start_datetime / end_datetime")
 
     # ------------------------------------------------------------------ files
     def _has(self, role: str) -> bool:
@@ -271,6 +292,7 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                                     f"{sorted(ds.data_vars)}")
                 da = ds[var].isel(time=0) if "time" in ds[var].dims else ds[var]
                 raw = self._transformed(var, np.asarray(da.values), self._static_path, None)
+                raw = self.check_finite(raw[None], var, self._static_path, None, None)[0]  # fill_values may fill NaN
                 values.append(self._normalized(var, raw).reshape(self.grid_shape))
             self._static_values = np.stack(values)
         return self._static_values

@@ -10,7 +10,6 @@ The mixin reads the dataset's `root`, `names`, `level_values`, `level_coord`, `g
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,27 +18,15 @@ import torch
 
 from credit.data.catalog import DataError, open_store
 from credit.data.statistics_files import first_unusable
+from credit.interop.layout import iso, warn_once
 from credit.interop.path_templates import template_files
 from credit.interop.pointwise_blocks import OutputInverse
 
-log = logging.getLogger(__name__)
-
 STD_FLOOR = np.float32(1e-12)
-_WARNED: set[str] = set()  # one warning per process for each finding (train and valid read the same files)
-
-
-def warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        log.warning("%s", message)
 
 
 def f32(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
-
-
-def iso(t: int) -> str:
-    return str(np.datetime64(int(t), "ns").astype("datetime64[m]"))
 
 
 class Gen2Values:

@@ -1,9 +1,11 @@
 """What CREDIT's two dataset readers (`credit_gen1`, `credit_gen2`) share: the grid, the
 levels and the channel names of a sample, from the reader's `names` (role -> variables),
-`level_values`, `_lat`, `_lon` and `_stores` (open files, `_store(path)`); the static file's check."""
+`level_values`, `_lat`, `_lon` and `_stores` (open files, `_store(path)`); the static file's check;
+warnings once per process, times as text."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,6 +14,18 @@ from credit.data.catalog import DataError, fmt_time, is_zarr_store
 from credit.data.integrity import NonFiniteData, missing_zarr_chunk, missing_zarr_rows, nonfinite_problem
 
 _OTHER_ROLES = ("surface", "diagnostic", "dynamic_forcing", "forcing", "static")
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # one warning per process for each finding (train and valid read the same files)
+
+
+def warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
+
+
+def iso(t: int) -> str:
+    return str(np.datetime64(int(t), "ns").astype("datetime64[m]"))
 
 
 class CreditLayout:

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +37,8 @@ GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
 
 
 @pytest.fixture
-def tmp_path(tmp_path):
-    """pytest's folder, or a fresh one when its path holds four digits in a row: CREDIT's gen1
-    year filter reads a year anywhere in a path (`generate_like_gen1` refuses an --out that
-    would mislead it), and pytest's numbered folders (pytest-N) reach years in time."""
-    if not re.search(r"\d{4}", str(tmp_path)):
-        yield tmp_path
-        return
-    base = Path(tempfile.mkdtemp(prefix="credit_like_"))
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def tmp_path(year_free_tmp_path):
+    return year_free_tmp_path
 
 
 def _like(tmp_path: Path, name: str, grid: tuple[int, int], days: int = 2,
@@ -159,7 +148,9 @@ GEN1_FILES = [("config/example-v2026.1.0.yml", (32, 64)),
               ("config/gen_1/arXiv_2024/wxformer_6h_multi_step.yml", (64, 128)),
               ("config/gen_1/arXiv_2024/wxformer_6h_single_step.yml", (64, 128)),
               ("config/gen_1/archive/v1/wxformer_1dg_6hr.yml", (32, 64)),
-              ("config/gen_1/example/example-v2026.1.0.yml", (32, 64))]
+              ("config/gen_1/example/example-v2026.1.0.yml", (32, 64)),
+              ("config/gen_1/applications/ensemble/test_cesm_ensemble.yml", (32, 64)),
+              ("config/gen_2/smoke/smoke_v2branch_casper.yml", (64, 128))]
 
 
 # CREDIT's climate run counts 3 surface and 3 input-only channels for its 2 surface and 4

@@ -187,6 +187,38 @@ def test_a_nan_in_a_data_file_is_one_error_naming_file_variable_time_and_level(t
         dataset[0]
 
 
+def test_a_nan_in_a_static_field_is_one_error_before_any_sample(tmp_path):
+    import xarray as xr
+
+    expected = _expected("A")
+    root = _fixture_copy(tmp_path)
+    with xr.open_dataset(root / "static.nc") as ds:
+        static = ds.load()
+    static["Z_GDS4_SFC"].values[2, 3] = np.nan
+    static.to_netcdf(root / "static.nc")
+    with pytest.raises(DataError, match=r"1 non-finite values \(NaN first\) in 'Z_GDS4_SFC' of .*static\.nc; CREDIT's"):
+        _dataset(expected["config"], "train", root=root)
+
+
+def test_uneven_times_in_a_file_are_one_warning_naming_it(tmp_path, caplog):
+    """CREDIT's gen1 reader pairs time steps by position, as this one does: a gap reads on, and
+    says where it is."""
+    import xarray as xr
+
+    expected = _expected("A")
+    root = _fixture_copy(tmp_path)
+    with xr.open_dataset(root / "era5_2000.nc") as ds:
+        data = ds.load()
+    data.isel(time=[i for i in range(data.sizes["time"]) if i != 3]).to_netcdf(root / "era5_2000.nc")
+    after = str(data.time.values[2].astype("datetime64[m]"))
+    with caplog.at_level("WARNING"):
+        _dataset(expected["config"], "train", root=root)
+    assert [r.getMessage() for r in caplog.records if "not evenly spaced" in r.getMessage()] == [
+        f"{root / 'era5_2000.nc'}: its times are not evenly spaced (12 h after {after}, 6 h elsewhere); CREDIT's gen1 "
+        "reader pairs time steps by position, and so does this run: a sample across it spans other intervals than "
+        "the rest"]
+
+
 def test_a_fresh_process_unpickles_the_dataset_as_a_spawned_loader_worker_does(tmp_path):
     """A DataLoader worker started by spawn or forkserver (Python 3.14's default on Linux)
     unpickles the dataset in a process that has imported nothing: `credit.interop` first."""

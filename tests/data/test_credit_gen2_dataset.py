@@ -126,9 +126,29 @@ def test_bad_files_fail_with_one_line_naming_them(tmp_path):
         _datasets(config, data)
     (data / "ERA5_all_2001.nc").unlink()
     config = _placed(_expected("B")["config"], data)
-    train, _ = _datasets(config, data, "data.credit.files.mean=" + str(FIXTURE / "data" / "mean.nc"))
-    with pytest.raises(DataError, match="ERA5_all_2000.nc has no time 2001-"):  # one file serves every time
-        train[len(train) - 1]
+    with pytest.raises(DataError, match=r"ERA5_all_2000\.nc lacks \d+ of the \d+ times the samples read, the first "
+                                        r"2001-"):  # one file serves every time: before any sample
+        _datasets(config, data, "data.credit.files.mean=" + str(FIXTURE / "data" / "mean.nc"))
+
+
+@pytest.mark.parametrize("damage", ["gap", "not dates"])
+def test_a_time_no_file_holds_is_one_error_before_any_sample(tmp_path, damage):
+    """CREDIT reads every sample time exactly: a file with a gap, or whose time coordinate is not
+    dates, is one line naming it, the times it lacks and those it holds, at the dataset's start."""
+    expected = _expected("A")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    with xr.open_dataset(FIXTURE / "data" / "ERA5_all_2000.nc") as ds:
+        values = ds.load()
+    if damage == "gap":
+        values = values.isel(time=[i for i in range(values.sizes["time"]) if i != 2])
+        message = r"ERA5_all_2000\.nc lacks 1 of the \d+ times the samples read, the first 2000-.*; it holds"
+    else:
+        values = values.assign_coords(time=np.arange(values.sizes["time"]))
+        message = r"ERA5_all_2000\.nc lacks .* \(its time coordinate holds int64 values, not dates\)"
+    values.to_netcdf(data / "ERA5_all_2000.nc")
+    with pytest.raises(DataError, match=message):
+        _datasets(_placed(expected["config"], data), data)
 
 
 def test_a_static_store_on_another_grid_is_one_error_before_any_sample(tmp_path):
@@ -156,6 +176,19 @@ def test_a_nan_read_is_one_error_naming_file_variable_and_time(tmp_path):
     with pytest.raises(DataError, match=rf"non-finite values \(NaN first\) in '{var}' of .*ERA5_all_2000\.nc at "
                                         rf"time 2000-"):
         train[0]
+
+
+def test_a_nan_in_a_static_field_is_one_error_before_any_sample(tmp_path):
+    expected = _expected("A")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    with xr.open_dataset(FIXTURE / "data" / "static.nc") as ds:
+        values = ds.load()
+    var = expected["config"]["data"]["source"]["ERA5"]["variables"]["static"]["vars_2D"][0]
+    values[var].values[..., 1, 2] = np.nan
+    values.to_netcdf(data / "static.nc")
+    with pytest.raises(DataError, match=rf"1 non-finite values \(NaN first\) in '{var}' of .*static\.nc"):
+        _datasets(_placed(expected["config"], data), data)
 
 
 def test_a_zero_std_is_one_error_naming_the_file_and_variable(tmp_path):
