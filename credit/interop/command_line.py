@@ -4,6 +4,7 @@ and mapped keys turned into this project's overrides, ahead of the user's (which
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,8 +77,23 @@ def channel_mismatch(model: Mapping[str, Any], overrides: Sequence[str]) -> str 
         check_model_channels(data, OmegaConf.create({"name": model.get("type"), **{k: v for k, v in model.items()
                                                                                      if k != "type"}}))
     except ConfigError as error:
-        head = str(error).split("; set ")[0]
-        return (f"{head}: the file's model: section counts other channels than its data: section lists, and CREDIT "
-                "builds its model from these counts alone (its model would take or give other channels than the "
-                "data's); make the two agree")
+        found = re.match(r"model\.(\w+)=(\S+) does not match the data: .* gives (\d+);", str(error))
+        if found is None:
+            raise
+        key, value, count = found.groups()
+        return (f"model.{key}: {value}, but {_CREDIT_LISTS[data.layout][key]} name {count}: the file's model: "
+                "section counts other channels than its data: section lists, and CREDIT builds its model from these "
+                "counts alone; make the two agree")
     return None
+
+
+# where a CREDIT file lists the variables each of its model's channel counts counts
+_CREDIT_LISTS = {
+    "credit-gen1": {"channels": "data.variables", "levels": "the upper-air files' levels",
+                    "surface_channels": "data.surface_variables", "output_only_channels": "data.diagnostic_variables",
+                    "input_only_channels": "data.dynamic_forcing_variables, forcing_variables and static_variables"},
+    "credit-gen2": {"channels": "the source's prognostic vars_3D", "levels": "the source's levels",
+                    "surface_channels": "the source's prognostic vars_2D",
+                    "input_only_channels": "the source's dynamic_forcing and static vars_2D",
+                    "output_only_channels": "the source's diagnostic vars_2D"},
+}

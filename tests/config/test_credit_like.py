@@ -162,8 +162,8 @@ MISCOUNTED = {"config/gen_1/applications/climate/climate_rollout.yml": {"surface
 def test_a_gen1_copy_maps_and_its_data_read(tmp_path, name, grid):
     original = WHOLE_FILES[name]
     if name in MISCOUNTED:  # one line naming the first key, before anything is written
-        with pytest.raises(GenerateError, match=r"model\.surface_channels=3 does not match the data: data\.variables"
-                                                r"\.surface gives 2: the file's model: section counts other channels"):
+        with pytest.raises(GenerateError, match=r"model\.surface_channels: 3, but data\.surface_variables name 2: the "
+                                                r"file's model: section counts other channels than its data: section"):
             _like(tmp_path, name, grid, days=1)
         assert not (tmp_path / "data").exists()
     copy = _like(tmp_path, name, grid, days=1, model=MISCOUNTED.get(name))
