@@ -47,6 +47,13 @@ def _datasets(config: dict, root: Path = FIXTURE / "data", *extra: str):
     return build_dataset(cfg.data, "train_period"), build_dataset(cfg.data, "valid_period")
 
 
+def _fixture_copy(tmp_path: Path) -> Path:
+    """A copy of the fixture's data to damage."""
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    return data
+
+
 def _ns(iso: str) -> int:
     return int(np.datetime64(iso, "ns").astype(np.int64))
 
@@ -116,8 +123,7 @@ def test_template_files_date_each_file_by_its_name(tmp_path):
 
 def test_bad_files_fail_with_one_line_naming_them(tmp_path):
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "mean.nc") as mean:  # statistics on four levels
         mean.isel(level=slice(0, 4)).load().to_netcdf(data / "mean.nc")
     config = _placed(expected["config"], data)
@@ -136,8 +142,7 @@ def test_a_time_no_file_holds_is_one_error_before_any_sample(tmp_path, damage):
     """CREDIT reads every sample time exactly: a file with a gap, or whose time coordinate is not
     dates, is one line naming it, the times it lacks and those it holds, at the dataset's start."""
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "ERA5_all_2000.nc") as ds:
         values = ds.load()
     if damage == "gap":
@@ -153,8 +158,7 @@ def test_a_time_no_file_holds_is_one_error_before_any_sample(tmp_path, damage):
 
 def test_a_static_store_on_another_grid_is_one_error_before_any_sample(tmp_path):
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "static.nc") as static:
         lat, lon = (d for d in static.dims if d != "time")
         static.isel({lat: slice(0, 2)}).load().to_netcdf(data / "static.nc")
@@ -165,8 +169,7 @@ def test_a_static_store_on_another_grid_is_one_error_before_any_sample(tmp_path)
 def test_a_nan_read_is_one_error_naming_file_variable_and_time(tmp_path):
     """A missing zarr chunk reads as its fill value, NaN: the same error, not a NaN loss."""
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "ERA5_all_2000.nc") as ds:
         values = ds.load()
     var = next(v for v in values.data_vars if values[v].ndim == 3 and "time" in values[v].dims)
@@ -180,8 +183,7 @@ def test_a_nan_read_is_one_error_naming_file_variable_and_time(tmp_path):
 
 def test_a_nan_in_a_static_field_is_one_error_before_any_sample(tmp_path):
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "static.nc") as ds:
         values = ds.load()
     var = expected["config"]["data"]["source"]["ERA5"]["variables"]["static"]["vars_2D"][0]
@@ -196,8 +198,7 @@ def test_a_zero_std_is_one_error_naming_the_file_and_variable(tmp_path):
     make values near 1e12 and a loss that overflows; one error names it before any sample.
     A static's (a constant field's) zero std stays CREDIT's: its values minus the mean are 0."""
     expected = _expected("A")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
+    data = _fixture_copy(tmp_path)
     with xr.open_dataset(FIXTURE / "data" / "std.nc") as std:
         values = std.load()
     values["SP"][...] = 0.0
