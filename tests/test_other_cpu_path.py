@@ -29,6 +29,9 @@ FIXTURE_COMPARISONS = (
     "tests/models/test_credit_postblocks.py::test_post_blocks_on_credits_model_output_are_credits_bit_for_bit",
     "tests/models/test_credit_postblocks.py::test_from_credit_with_post_blocks_forecasts_credits_numbers",
     "tests/checkpoint/test_credit_start.py::test_a_continued_run_takes_credits_next_two_steps",
+    "tests/data/test_credit_tisr.py::test_the_field_at_a_time_is_credits",
+    "tests/data/test_credit_tisr.py::test_the_samples_of_a_file_with_a_tisr_source_are_credits",
+    "tests/data/test_credit_tisr.py::test_the_bridgescaler_preblock_scales_tisr_with_its_own_sources_scaler",
 )
 
 

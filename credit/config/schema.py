@@ -85,6 +85,23 @@ class CreditTransform:
 
 
 @dataclass
+class CreditSolarSource:
+    """CREDIT's gen2 `tisr` source (credit/interop/tisr.py), when `source` names it: its
+    top-of-atmosphere incident solar radiation, computed for each time; `variable` is the last of
+    `data.variables.forcing`.
+    The grid is `lat_spec` x `lon_spec` ([start, end, num_points]) or `grid_file`'s; the total
+    solar irradiance table is CREDIT's `credit/metadata/total_solar_irradiance_CMIP6_49r1.nc`."""
+
+    source: Optional[str] = None
+    variable: str = "tisr"
+    integration_steps: int = 360  # trapezoids over the data's time step, ending at each time
+    lat_spec: Optional[List[Any]] = None
+    lon_spec: Optional[List[Any]] = None
+    grid_file: Optional[str] = None
+    tsi_table: Optional[str] = None
+
+
+@dataclass
 class CreditDataConfig:
     """`data.layout=credit-gen1|credit-gen2`: CREDIT's files as CREDIT's datasets read them
     (credit/interop/data_gen1.py, data_gen2.py). `data.variables.forcing` are CREDIT's
@@ -110,6 +127,8 @@ class CreditDataConfig:
     # gen2: CREDIT's pointwise preblocks (log, sqrt) in their order, and the postblocks' inverses
     transforms: List[CreditTransform] = field(default_factory=list)
     output_inverse: List[CreditTransform] = field(default_factory=list)
+    # gen2: a `tisr` source beside the files' source (source null: none)
+    tisr: CreditSolarSource = field(default_factory=CreditSolarSource)
 
 
 @dataclass

@@ -76,6 +76,9 @@ def validate_data(data: DictConfig) -> None:
                "false with data.layout=credit-gen1 (`credit data generate --layout credit-gen1` writes such data)")
     if data.layout == "credit-gen2":
         _validate_credit_gen2(data)
+    else:
+        check(data.credit.tisr.source is None, "data.credit.tisr.source", data.credit.tisr.source,
+              "null unless data.layout=credit-gen2 (CREDIT's gen2 tisr source)")
     gen = data.generate
     check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
            "give [n_latitudes, n_longitudes], each >= 4")
@@ -100,7 +103,15 @@ def _validate_credit_gen2(data: DictConfig) -> None:
     check(credit.stats_levels is None or all(int(p) >= 1 for p in credit.stats_levels), "data.credit.stats_levels",
            credit.stats_levels, "null or 1-indexed positions on the statistics' level axis")
     v = data.variables
-    for role, names in (("prognostic", [*v.upper_air, *v.surface]), ("dynamic_forcing", list(v.forcing)),
+    solar = credit.tisr
+    computed = solar.variable if solar.source is not None else None  # a tisr source computes it: no file
+    if computed is not None:
+        check(list(v.forcing)[-1:] == [computed], "data.variables.forcing", list(v.forcing),
+              f"ending with {computed!r}, the variable of data.credit.tisr (its channel comes last, as CREDIT's "
+              "concat places a second source's)")
+        check(solar.integration_steps >= 1, "data.credit.tisr.integration_steps", solar.integration_steps, "an int >= 1")
+    for role, names in (("prognostic", [*v.upper_air, *v.surface]),
+                        ("dynamic_forcing", [n for n in v.forcing if n != computed]),
                         ("static", list(v.static)), ("diagnostic", list(v.diagnostic))):
         check(not names or bool(files[role]), f"data.credit.files.{role}", files[role],
                f"a path template for {names}")

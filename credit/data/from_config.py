@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from credit.interop.data_gen1 import CreditGen1Dataset
 from credit.interop.data_gen2 import CreditGen2Dataset
+from credit.interop.tisr import solar_source
 from credit.data.dataset import ERA5Dataset, VariableSpec
 from credit.data.generate import generate_dataset
 
@@ -102,6 +103,7 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
         scaled=None if credit.scaled_variables is None else list(credit.scaled_variables),
         spatial=list(credit.spatial_variables),
         transforms=[dict(b) for b in credit.transforms], output_inverse=[dict(b) for b in credit.output_inverse],
+        solar=None if credit.tisr.source is None else solar_source(credit.tisr, credit.timestep, data.root),
     )
 
 

@@ -50,13 +50,15 @@ SIDE_ROLES = {"input": ("upper_air", "surface", "dynamic_forcing", "static"),
 
 def data_statistics(path: Path, side: str, names: Mapping[str, Sequence[str]], source: str,
                     scaled: Sequence[str] | None, levels: int, spatial: Sequence[str] = (),
-                    grid: tuple[int, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+                    grid: tuple[int, int] | None = None,
+                    forcing_sources: Mapping[str, str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """({variable: mean}, {variable: std}) of `side` for the `scaled` variables of `names` (role ->
     bare names; None: every variable the file scales), shaped as a field takes them (a level
     profile (levels, 1, 1) for upper-air variables, a number otherwise, the (lat, lon) `grid` for
     the `spatial` ones, whose scaler holds one statistic per grid point in row-major order, as
     CREDIT flattens a (batch, 1, 1, lat, lon) tensor); a variable the file does not scale is
-    absent (CREDIT's preblock passes it through as stored)."""
+    absent (CREDIT's preblock passes it through as stored). `forcing_sources` names the source of
+    a dynamic forcing variable another source gives (a `tisr` source's)."""
     scalers = read_standard_scalers(path, side)
     wanted = None if scaled is None else set(scaled)
     known = {v for role_names in names.values() for v in role_names}
@@ -66,7 +68,7 @@ def data_statistics(path: Path, side: str, names: Mapping[str, Sequence[str]], s
     means, stds = {}, {}
     for role in SIDE_ROLES[side]:
         for var in names[role]:
-            key = var_key(source, role, var)
+            key = var_key((forcing_sources or {}).get(var, source) if role == "dynamic_forcing" else source, role, var)
             if wanted is not None and var not in wanted:
                 continue
             if key not in scalers:

@@ -52,6 +52,12 @@ def credit_file_overrides(args: Sequence[str], report: bool = False) -> tuple[li
                                ("trainer.steps_per_job=", "trainer.epochs_per_job=")):
         if any(arg.startswith(given) for arg in rest):
             mapped = [o for o in mapped if not o.startswith(from_epochs)]
+    if any(o.startswith("data.credit.tisr=") for o in mapped):  # CREDIT reads the table from its package
+        from credit.interop.tisr import find_tsi_table
+        from credit.models.credit.config import hydra_value
+
+        table = find_tsi_table(path)
+        mapped = [*mapped, *([f"data.credit.tisr.tsi_table={hydra_value(str(table))}"] if table else [])]
     return [*model_overrides, *mapped, *rest], lines
 
 
@@ -94,6 +100,6 @@ _CREDIT_LISTS = {
                     "input_only_channels": "data.dynamic_forcing_variables, forcing_variables and static_variables"},
     "credit-gen2": {"channels": "the source's prognostic vars_3D", "levels": "the source's levels",
                     "surface_channels": "the source's prognostic vars_2D",
-                    "input_only_channels": "the source's dynamic_forcing and static vars_2D",
+                    "input_only_channels": "the source's dynamic_forcing and static vars_2D (and a tisr source's tisr)",
                     "output_only_channels": "the source's diagnostic vars_2D"},
 }

@@ -28,13 +28,61 @@ def is_gen2(conf: Mapping[str, Any]) -> bool:
     return isinstance(data, Mapping) and "source" in data
 
 
+def _is_solar(source: Any) -> bool:
+    return isinstance(source, Mapping) and source.get("dataset_type") == "tisr"
+
+
 def only_source(section: Mapping[str, Any], key: str) -> tuple[str, Mapping[str, Any]] | str:
+    """The one source of files (beside it, a `tisr` source may compute its solar radiation)."""
     sources = dict(section.get("source") or {})
-    if len(sources) != 1:
+    files = {name: src for name, src in sources.items() if not _is_solar(src)}
+    if len(files) != 1 or len(sources) - len(files) > 1:
         return (f"{key}.source: {len(sources)} sources ({', '.join(sources) or 'none'}); one ERA5 source is read "
-                "here (multi-source training is not implemented)")
-    name, source = next(iter(sources.items()))
+                "here, with at most one tisr source beside it (multi-source training is not implemented)")
+    name, source = next(iter(files.items()))
     return name, dict(source or {})
+
+
+def solar_source(section: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """The `tisr` source of a config's `data`, if it has one."""
+    found = [(name, dict(src)) for name, src in dict(section.get("source") or {}).items() if _is_solar(src)]
+    return found[0] if found else None
+
+
+_SOLAR_KEYS = {"dataset_type", "variables", "num_integration_steps", "lat_spec", "lon_spec", "latlon_grid_path",
+               "device"}
+
+
+def _solar(name: str, src: Mapping[str, Any], conf: Mapping[str, Any], files: str) -> list[tuple[str, Any]] | str:
+    """A `tisr` source (CREDIT's TISRDataset) beside the source of `files`: its variable appended
+    to the dynamic forcing, computed (credit/interop/tisr.py) on its spec grid or grid file."""
+    key = f"data.source.{name}"
+    sources = list(dict(conf["data"]["source"]))
+    if sources.index(name) < sources.index(files):
+        return (f"{key}: a tisr source listed before the files' source; CREDIT's concat puts its channels first, "
+                "ahead of the state channels, which this project's models keep first: list it after them")
+    unknown = sorted(set(src) - _SOLAR_KEYS)
+    if unknown:
+        return f"{key}.{unknown[0]}: not implemented (the tisr keys read here: {', '.join(sorted(_SOLAR_KEYS))})"
+    groups = dict(src.get("variables") or {})
+    names = [v for group in groups.values() if isinstance(group, Mapping)
+             for v in (*(group.get("vars_3D") or []), *(group.get("vars_2D") or []))]
+    forcing = dict(groups.get("dynamic_forcing") or {}).get("vars_2D") or []
+    if list(forcing) != ["tisr"] or names != ["tisr"]:
+        return (f"{key}.variables: {names}; CREDIT's tisr source gives one dynamic forcing variable, "
+                "dynamic_forcing.vars_2D: ['tisr']")
+    has_specs = src.get("lat_spec") is not None or src.get("lon_spec") is not None
+    if has_specs == (src.get("latlon_grid_path") is not None) or (has_specs and None in (src.get("lat_spec"),
+                                                                                          src.get("lon_spec"))):
+        return f"{key}: give latlon_grid_path, or lat_spec and lon_spec (CREDIT's tisr source reads exactly one)"
+    section = {"source": name, "variable": "tisr", "integration_steps": int(src.get("num_integration_steps", 360)),
+               "lat_spec": src.get("lat_spec"), "lon_spec": src.get("lon_spec"),
+               "grid_file": expand(src["latlon_grid_path"]) if src.get("latlon_grid_path") else None}
+    pairs: list[tuple[str, Any]] = [("data.credit.tisr", section)]
+    if src.get("device") not in (None, "cpu"):
+        pairs.append((None, f"{key}.device: {src['device']!r}; tisr is computed on the CPU in the data loader "
+                            "(CREDIT's default; its values do not depend on it beyond rounding)"))
+    return pairs
 
 
 def source(value: Any, conf: Mapping[str, Any]):
@@ -83,6 +131,16 @@ def source(value: Any, conf: Mapping[str, Any]):
     prognostic = dict(variables.get("prognostic") or {}).get("path")
     if prognostic:
         pairs.append(("data.root", str(Path(expand(prognostic)).parent)))
+    solar = solar_source(conf["data"])
+    if solar is not None:
+        added = _solar(*solar, conf, name)
+        if isinstance(added, str):
+            return added
+        forcing = dict(pairs)["data.variables.forcing"]
+        if "tisr" in forcing:
+            return (f"{key}.variables.dynamic_forcing: names tisr, which data.source.{solar[0]} computes too; "
+                    "CREDIT keeps both under their sources' keys, this project's channels by name: rename one")
+        pairs = [(k, [*v, "tisr"] if k == "data.variables.forcing" else v) for k, v in pairs] + added
     return pairs
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from credit.interop import config_gen2
-from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables
+from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables, solar_source
 from credit.interop.paths import expand
 
 
@@ -30,6 +30,9 @@ def source_var_keys(conf: Mapping[str, Any]) -> dict[str, str]:
         group = group if isinstance(group, Mapping) else {}
         for dims, names in (("3d", group.get("vars_3D") or []), ("2d", group.get("vars_2D") or [])):
             keys.update({f"{name}/{field_type}/{dims}/{v}": v for v in names})
+    solar = solar_source(conf.get("data") or {})
+    if solar is not None:  # its one variable, after the files' source (config_gen2.source refuses it before)
+        keys[f"{solar[0]}/dynamic_forcing/2d/tisr"] = "tisr"
     return keys
 
 
@@ -95,7 +98,7 @@ def _bridgescaler(name: str, args: Mapping[str, Any], conf: Mapping[str, Any]):
     if spatial and int(dict(conf.get("data") or {}).get("history_len", 1) or 1) > 1:
         return (f"{key}.spatial_variables with data.history_len > 1: CREDIT's per-grid-point scaler needs one time "
                 "per tensor and raises on the history frames")
-    source = next(iter(dict(dict(conf.get("data") or {}).get("source") or {"ERA5": None})))
+    source = only_source(conf.get("data") or {}, "data")[0]  # readable: `keys` holds its variables
     # scaler_type and scaler_params only shape a scaler being fitted (`credit preprocess`)
     return [("data.credit.files.bridgescaler", expand(args["scaler_path"])), ("data.credit.source_name", source),
             ("data.credit.scaled_variables", names), *([("data.credit.spatial_variables", spatial)] * bool(spatial))]

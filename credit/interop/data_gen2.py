@@ -50,6 +50,7 @@ from credit.interop.data_gen2_values import Gen2Values
 from credit.interop.layout import CreditLayout, iso, warn_once
 from credit.interop.path_templates import template_files
 from credit.interop.pointwise_blocks import blocks
+from credit.interop.tisr import SolarSource
 
 ROLES = ("prognostic", "dynamic_forcing", "static", "diagnostic")
 
@@ -80,8 +81,10 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                  timestep: str, level_coord: str = "level", stats_levels: Sequence[int] | None = None,
                  history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None,
                  source_name: str = "ERA5", scaled: Sequence[str] | None = None, spatial: Sequence[str] = (),
-                 transforms: Sequence[Mapping] = (), output_inverse: Sequence[Mapping] = ()):
+                 transforms: Sequence[Mapping] = (), output_inverse: Sequence[Mapping] = (),
+                 solar: SolarSource | None = None):
         self.root = Path(root)
+        self.solar = solar
         self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
                           dynamic_forcing=list(dynamic_forcing), static=list(static), diagnostic=list(diagnostic))
         if not self.names["upper_air"] and not self.names["surface"]:
@@ -106,6 +109,11 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                       if self._has(role)}
         self._static_path = self._role_files(files, "static")[0][0] if self.names["static"] else None
         self._scan_grid(levels)
+        if solar is not None and solar.grid_shape != tuple(self.grid_shape):
+            raise DataError(f"data.source.{solar.name} (dataset_type: tisr) computes {solar.variable} on a "
+                            f"{solar.grid_shape[0]}x{solar.grid_shape[1]} grid (lat_spec x lon_spec, or its grid "
+                            f"file); the data's grid is {self.grid_shape[0]}x{self.grid_shape[1]}: CREDIT "
+                            "concatenates the sources' fields, so they must be one grid")
         self.check_static(self._static_path, drop="time")
         if files.get("bridgescaler"):
             self._mean, self._std, self._target_mean, self._target_std = self._load_bridgescaler(
@@ -117,6 +125,9 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
         else:
             self._load_statistics(files, stats_levels)
             self._target_mean, self._target_std = self._output_mean, self._output_std = self._mean, self._std
+        if solar is not None and solar.variable not in self._mean:
+            warn_once(f"{solar.variable} (data.source.{solar.name}, computed) has no statistics in the normaliser's "
+                      "files: it enters the model in J m-2 (up to about 1e7 per hour of time step), as in CREDIT")
         self._static_values: np.ndarray | None = None
         start, end = parse_period(tuple(period))
         first = start + (self.history_len - 1) * self.step_ns
@@ -128,6 +139,9 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                             f"{self.history_len - 1} steps before its init and forecast_len = {self.forecast_len} "
                             f"after it, every {timestep}")
         self._check_stores_complete()
+        if solar is not None:  # every forcing time of every sample
+            solar.check_years(int(self._inits[0]) - (self.history_len - 1) * self.step_ns,
+                              int(self._inits[-1]) + self.forecast_len * self.step_ns)
         if self.names["static"]:
             self._static()  # its values checked here, before any sample
 
@@ -138,7 +152,7 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                   int(self._inits[-1]) + self.forecast_len * self.step_ns)
         every = np.arange(needed[0], needed[1] + 1, self.step_ns, dtype=np.int64)
         roles = {"prognostic": self.names["upper_air"] + self.names["surface"],
-                 "dynamic_forcing": self.names["dynamic_forcing"], "diagnostic": self.names["diagnostic"]}
+                 "dynamic_forcing": self._file_forcing, "diagnostic": self.names["diagnostic"]}
         for role, entries in self.files.items():
             held = np.zeros(len(every), dtype=bool)
             for path, start, end in entries:
@@ -168,7 +182,13 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
     def _has(self, role: str) -> bool:
         if role == "prognostic":
             return bool(self.names["upper_air"] or self.names["surface"])
-        return bool(self.names[role])
+        return bool(self._file_forcing if role == "dynamic_forcing" else self.names[role])
+
+    @property
+    def _file_forcing(self) -> list[str]:
+        """The dynamic forcing read from files (a `tisr` source's is computed)."""
+        computed = self.solar.variable if self.solar is not None else None
+        return [v for v in self.names["dynamic_forcing"] if v != computed]
 
     def _role_files(self, files: Mapping[str, str | None], role: str) -> list[tuple[Path, int, int]]:
         template = files.get(role)
@@ -205,7 +225,7 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
         path = self.files["prognostic"][0][0]
         ds = self._store(path)
         for role, names in (("prognostic", self.names["upper_air"] + self.names["surface"]),
-                            ("dynamic_forcing", self.names["dynamic_forcing"]),
+                            ("dynamic_forcing", self._file_forcing),
                             ("diagnostic", self.names["diagnostic"])):
             if names:
                 held = self._store(self.files[role][0][0])
@@ -277,7 +297,11 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
 
     def _forcing(self, t: int) -> np.ndarray:
         parts = [self._static()] if self.names["static"] else []
-        parts += [self._field("dynamic_forcing", v, t)[None] for v in self.names["dynamic_forcing"]]
+        parts += [self._field("dynamic_forcing", v, t)[None] for v in self._file_forcing]
+        if self.solar is not None:  # CREDIT's concat: the second source's channels after the first's
+            name = self.solar.variable
+            values = self._transformed(name, self.solar(t), f"data.source.{self.solar.name}", t)
+            parts.append(self._normalized(name, values)[None])
         if not parts:
             return np.zeros((0, *self.grid_shape), dtype=np.float32)
         return np.concatenate(parts, axis=0)

@@ -90,9 +90,10 @@ class Gen2Values:
             raise DataError(f"the bridgescaler file {file!r} must name one file; it matches {len(found)}")
         path = found[0][0] if found else self.root / file  # data_statistics says it does not exist
         levels = len(self.level_values) if self.level_values is not None else 0
+        other = {self.solar.variable: self.solar.name} if self.solar is not None else None
         return tuple(table for side in sides
                      for table in data_statistics(path, side, self.names, source_name, scaled, levels,
-                                                  self.spatial, tuple(self.grid_shape)))
+                                                  self.spatial, tuple(self.grid_shape), other))
 
     def _check_stat_levels(self, path: Path, stat, rows: list[int]) -> None:
         """CREDIT matches statistics to levels by position; say so when their own level

@@ -40,7 +40,8 @@ import yaml
 
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
-from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, span
+from credit.interop import generate_like_tisr
+from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, solar_source, span
 from credit.interop.config_gen2_blocks import POINTWISE, pointwise, selects_nothing, source_var_keys, spatial_selection
 from credit.interop.generate_like_gen1 import generate_like_gen1
 from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
@@ -133,12 +134,19 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
 
     every_time = periods["data"].union(periods["validation_data"])  # one year's file holds both, if they share it
     in_training = every_time.isin(periods["data"])
+    training: dict[str, np.ndarray] = {}  # variable -> its training values as the scaler sees them
+    transforms = _preblock_transforms(conf)
+    solar = solar_source(conf["data"])
+    if solar is not None:  # computed, not written: its table beside the copy, its values for the statistics
+        table, what = generate_like_tisr.place_table(source_file, out)
+        print(f"tisr (data.source.{solar[0]}): the total solar irradiance table is {what}")
+        names["dynamic_forcing"].append("tisr")
+        values = generate_like_tisr.training_values(solar[1], grid, every_time[in_training], step, table)
+        training["tisr"] = _seen(values, "tisr", transforms)
     stores: dict[str, tuple[str, list[tuple[str, str]]]] = {}  # templates naming one file write it together
     for template, groups in templates.items():
         _, merged = stores.setdefault(str(_store_path(out, template, every_time[0])), (template, []))
         merged += groups
-    training: dict[str, np.ndarray] = {}  # variable -> its training values as the scaler sees them
-    transforms = _preblock_transforms(conf)
     for template, groups in stores.values():
         static = any(field_type == "static" for field_type, _ in groups)
         data_vars = {}
@@ -147,15 +155,9 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
                 upper = dims == "vars_3D"
                 values = wave_field(var, (len(every_time), *((len(levels),) if upper else ()), *grid), every_time.values,
                                 rng)
-                chain = [block for block, names in transforms if var in names]
-                if chain:  # in a log's or sqrt's domain, and the statistics of what the scaler sees
+                if any(var in names for _, names in transforms):  # in a log's or sqrt's domain
                     values = np.abs(values)
-                    seen = torch.from_numpy(values[in_training].astype(np.float32))
-                    for block in chain:
-                        seen = block(seen)
-                    training[var] = seen.double().numpy()
-                else:
-                    training[var] = values[in_training]
+                training[var] = _seen(values[in_training], var, transforms)
                 if static:
                     data_vars[var] = (("latitude", "longitude"), values[0])
                 else:
@@ -175,9 +177,37 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
             write_atomically(ds.isel(time=rows), _store_path(out, template, every_time[rows[0]]))
 
     copy_conf = _copy_config(conf, out, templates, periods, step, training, names, name, levels, resized)
+    if solar is not None:
+        _solar_copy(copy_conf, solar[0], out, grid, lat, lon, resized is not None)
     path = out / source_file.name
     path.write_text(yaml.safe_dump(copy_conf, sort_keys=False))
     return path
+
+
+def _seen(values: np.ndarray, var: str, transforms: Sequence[tuple[Pointwise, list[str]]]) -> np.ndarray:
+    """A variable's training values as the scaler sees them: through the log and sqrt
+    preblocks that name it."""
+    chain = [block for block, names in transforms if var in names]
+    if not chain:
+        return values
+    seen = torch.from_numpy(values.astype(np.float32))
+    for block in chain:
+        seen = block(seen)
+    return seen.double().numpy()
+
+
+def _solar_copy(conf: dict, name: str, out: Path, grid: tuple[int, int], lat: np.ndarray, lon: np.ndarray,
+                resized: bool) -> None:
+    """The copy's tisr source on the data's grid: a grid file written beside the data, or with
+    `--grid` the specs on the new grid (both sections: validation_data's may be its own)."""
+    for section in ("data", "validation_data"):
+        src = dict(dict(conf.get(section) or {}).get("source") or {}).get(name)
+        if not isinstance(src, dict):
+            continue
+        if src.get("latlon_grid_path"):
+            src["latlon_grid_path"] = str(generate_like_tisr.grid_file(out, lat, lon))
+        elif resized and src.get("lat_spec") is not None:
+            src.update(generate_like_tisr.resized_specs(src, grid))
 
 
 def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any], periods: Mapping[str, Any],
@@ -230,7 +260,9 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
         if holder.get("latitude_weights") and static_store is not None:
             holder["latitude_weights"] = str(static_store)
     for file in scaler_files:
-        write_standard_scalers(file, {side: {var_key(source, role, v): training_stats(training[v], v in spatial)
+        solar = solar_source(conf.get("data") or {})
+        write_standard_scalers(file, {side: {var_key(solar[0] if solar and role == "dynamic_forcing" and v == "tisr"
+                                                     else source, role, v): training_stats(training[v], v in spatial)
                                              for role in roles for v in names[role]}
                                       for side, roles in SIDE_ROLES.items()})
     conf["save_loc"] = str(out / "run")

@@ -40,8 +40,9 @@ def init_times(rollout: DictConfig) -> list[int]:
 def data_times(data: DictConfig) -> np.ndarray:
     """Times (ns, sorted) at which every time-dependent variable of `data` is on disk."""
     common: np.ndarray | None = None
+    computed = data.credit.tisr.variable if data.credit.tisr.source is not None else None  # no file holds it
     for role in _TIME_ROLES:
-        names = list(data.variables[role])
+        names = [n for n in data.variables[role] if not (role == "forcing" and n == computed)]
         if not names:
             continue
         infos = [scan_file(p, data.level_dim) for p in role_files(data, role)]

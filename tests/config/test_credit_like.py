@@ -117,6 +117,40 @@ def test_the_end_to_end_example_scales_sp_per_grid_point_trains_and_forecasts(tm
             assert abs(float(values.mean()) - float(data[var].mean())) < 5 * float(data[var].std()), var
 
 
+def test_a_tisr_source_beside_the_files_trains_and_forecasts(tmp_path):
+    """CREDIT's example with a `tisr` source after ERA5 (as its ARCO-ERA5 examples add one), in a
+    CREDIT checkout's `config/` (whose `credit/metadata` holds the irradiance table): `--like`
+    writes no data for it but copies the table beside the copy, resizes its grid specs and fits
+    the statistics with its values; a step trains and a forecast reads it at every lead."""
+    checkout = tmp_path / "miles-credit"
+    table = checkout / "credit" / "metadata" / "total_solar_irradiance_CMIP6_49r1.nc"
+    table.parent.mkdir(parents=True)
+    years = np.arange(1850.5, 2300.5, dtype=np.float32)  # CREDIT's span, synthetic values
+    xr.Dataset({"tsi": ("time", (1361 + np.sin(years)).astype(np.float32))}, coords={"time": years}).to_netcdf(table)
+    conf = json.loads(json.dumps(WHOLE_FILES["config/gen_2/examples/example-v2026.2.yml"]))
+    solar = {"dataset_type": "tisr", "num_integration_steps": 36, "lat_spec": [90, -90, 181],
+             "lon_spec": [0, 359, 360], "variables": {"prognostic": None, "diagnostic": None, "static": None,
+                                                      "dynamic_forcing": {"vars_2D": ["tisr"]}}}
+    conf["data"]["source"]["SOLAR"] = conf["validation_data"]["source"]["SOLAR"] = solar
+    conf["model"]["input_only_channels"] += 1
+    source = checkout / "config" / "gen_2" / "examples" / "with_tisr.yml"
+    source.parent.mkdir(parents=True)
+    source.write_text(yaml.safe_dump(conf, sort_keys=False))
+    copy = generate_like(source, tmp_path / "data", grid=(32, 64), days=2)
+    copied = yaml.safe_load(copy.read_text())["data"]["source"]["SOLAR"]
+    assert copied["lat_spec"] == [90, -90, 32] and copied["lon_spec"] == [0, 354.375, 64]
+    assert (tmp_path / "data" / "credit" / "metadata" / table.name).read_bytes() == table.read_bytes()
+    cfg = compose_config(credit_file_overrides(["--credit-config", str(copy)])[0])
+    assert list(cfg.data.variables.forcing)[-1] == "tisr" and cfg.data.credit.tisr.source == "SOLAR"
+    common = ["--credit-config", str(copy)]
+    trained = credit_command("train", *common, "trainer.max_steps=1", "trainer.valid_every_n_steps=0",
+                             "trainer.progress_bar=false", env=ENV)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    forecast = credit_command("rollout", *common, "rollout.lead_steps=2", env=ENV)
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    assert sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
+
+
 def test_a_grid_the_windows_cannot_tile_is_one_error(tmp_path):
     from credit.data.generate import GenerateError
 
