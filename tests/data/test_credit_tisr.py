@@ -242,3 +242,16 @@ def test_the_tisr_keys_are_checked_with_the_config():
         compose_config([*mapping.overrides, "data.variables.forcing=[tisr,tsi]"])
     with pytest.raises(ConfigError, match="data.credit.tisr.source='SOLAR' is invalid: null unless data.layout=credit-gen2"):
         compose_config(["data.credit.tisr.source=SOLAR"])
+
+
+def test_tisr_may_be_the_only_dynamic_forcing(expected):
+    """As in CREDIT's ARCO-ERA5 examples: the files' source has no dynamic forcing, so none of
+    its files is read for it; the forcing block is the static fields, then tisr."""
+    conf = credit_config()
+    conf["data"]["source"]["ERA5"]["variables"]["dynamic_forcing"] = None
+    conf["validation_data"]["source"] = conf["data"]["source"]
+    cfg, train = _train(conf)
+    assert list(cfg.data.variables.forcing) == ["tisr"] and cfg.data.credit.files.dynamic_forcing is None
+    assert train.forcing_channel_names == ["Z_GDS4_SFC", "LSM", "tisr"]
+    forcing = train[0]["forcing"]
+    torch.testing.assert_close(forcing[0, -1], expected["x_normalised"][0, -1, 0], atol=ATOL, rtol=RTOL)
