@@ -75,6 +75,13 @@ def _solar(name: str, src: Mapping[str, Any], conf: Mapping[str, Any], files: st
     if has_specs == (src.get("latlon_grid_path") is not None) or (has_specs and None in (src.get("lat_spec"),
                                                                                           src.get("lon_spec"))):
         return f"{key}: give latlon_grid_path, or lat_spec and lon_spec (CREDIT's tisr source reads exactly one)"
+    model = dict(conf.get("model") or {})
+    for spec, size in (("lat_spec", "image_height"), ("lon_spec", "image_width")):
+        points = src.get(spec)
+        if isinstance(points, (list, tuple)) and len(points) == 3 and model.get(size) is not None \
+                and points[2] != model[size]:
+            return (f"{key}.{spec}: {points[2]} points, but model.{size} is {model[size]}: CREDIT concatenates the "
+                    "sources' fields, so tisr must be on the data's grid")
     section = {"source": name, "variable": "tisr", "integration_steps": int(src.get("num_integration_steps", 360)),
                "lat_spec": src.get("lat_spec"), "lon_spec": src.get("lon_spec"),
                "grid_file": expand(src["latlon_grid_path"]) if src.get("latlon_grid_path") else None}

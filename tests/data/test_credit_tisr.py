@@ -184,6 +184,8 @@ def test_a_tisr_grid_other_than_the_datas_is_one_error(change, line):
      "data.source.SOLAR: give latlon_grid_path, or lat_spec and lon_spec"),
     (lambda c: c["data"]["source"]["SOLAR"].pop("lon_spec"),
      "data.source.SOLAR: give latlon_grid_path, or lat_spec and lon_spec"),
+    (lambda c: c.update(model={"image_height": 9, "image_width": 15}),
+     "data.source.SOLAR.lon_spec: 16 points, but model.image_width is 15: CREDIT concatenates"),
     (lambda c: c["data"]["source"]["SOLAR"].update(temporal_mode="cyclic"),
      "data.source.SOLAR.temporal_mode: not implemented"),
     (lambda c: c["data"]["source"]["ERA5"]["variables"]["dynamic_forcing"].update(vars_2D=["tsi", "tisr"]),
