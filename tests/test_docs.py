@@ -40,7 +40,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 # Paths of NCAR CREDIT's own repository that the pages name as CREDIT's (its package is also
 # called `credit`): not files of this one.
-CREDIT_REPOSITORY_PATHS = {"credit/parser.py", "credit/forecast.py", "credit/metadata/total_solar_irradiance_CMIP6_49r1.nc"}
+CREDIT_REPOSITORY_PATHS = {"credit/parser.py", "credit/forecast.py", "credit/metadata/total_solar_irradiance_CMIP6_49r1.nc",
+                           "credit/metadata/ERA5_Lev_Info.nc"}
 
 # A command's `--credit-config FILE` that is no file here (the user's CREDIT config) is read as
 # this one, the `model:` section of a CREDIT nextgen_wxformer made with CREDIT's code (small:

@@ -102,6 +102,29 @@ class CreditSolarSource:
 
 
 @dataclass
+class CreditGeopotential:
+    """CREDIT's `geopotential_diagnostic` postblock (credit/interop/geopotential.py), when
+    `output` names its variable: the geopotential on every level of `temperature`, computed from
+    the physical outputs and the raw static `surface_geopotential`, scored by the physical-unit
+    loss beside the outputs (BaseLoss's `include_computed_diagnostics`). The interface
+    coefficients are `level_info_file`'s (CREDIT's `credit/metadata/ERA5_Lev_Info.nc`)."""
+
+    output: Optional[str] = None
+    surface_geopotential: str = "geopotential_at_surface"
+    surface_pressure: str = "surface_pressure"
+    temperature: str = "temperature"
+    specific_humidity: str = "specific_humidity"
+    flip_vertical: bool = True  # levels run top to surface, as ERA5's model levels
+    level_info_file: Optional[str] = None
+    a_half_variable: str = "a_half"
+    b_half_variable: str = "b_half"
+    levels: Optional[List[int]] = None  # the data's model levels (1-based) in the file's; null: all of them
+    # CREDIT's var key of the output (SOURCE/TYPE/3d/NAME): with inverse_variance, the variance of
+    # that key's target scaler in the bridgescaler file weights it, where the file has one
+    output_key: Optional[str] = None
+
+
+@dataclass
 class CreditDataConfig:
     """`data.layout=credit-gen1|credit-gen2`: CREDIT's files as CREDIT's datasets read them
     (credit/interop/data_gen1.py, data_gen2.py). `data.variables.forcing` are CREDIT's
@@ -129,6 +152,8 @@ class CreditDataConfig:
     output_inverse: List[CreditTransform] = field(default_factory=list)
     # gen2: a `tisr` source beside the files' source (source null: none)
     tisr: CreditSolarSource = field(default_factory=CreditSolarSource)
+    # gen2: the geopotential_diagnostic postblock's computed variable (output null: none)
+    geopotential: CreditGeopotential = field(default_factory=CreditGeopotential)
 
 
 @dataclass

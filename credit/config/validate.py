@@ -79,6 +79,8 @@ def validate_data(data: DictConfig) -> None:
     else:
         check(data.credit.tisr.source is None, "data.credit.tisr.source", data.credit.tisr.source,
               "null unless data.layout=credit-gen2 (CREDIT's gen2 tisr source)")
+        check(data.credit.geopotential.output is None, "data.credit.geopotential.output",
+              data.credit.geopotential.output, "null unless data.layout=credit-gen2 (CREDIT's gen2 postblock)")
     gen = data.generate
     check(len(gen.grid) == 2 and min(gen.grid) >= 4, "data.generate.grid", gen.grid,
            "give [n_latitudes, n_longitudes], each >= 4")
@@ -152,6 +154,24 @@ def _validate_credit_gen2(data: DictConfig) -> None:
               f"2-D variables the bridgescaler scales ({scaled}); {name!r} is not one")
     check(not data.generate_if_missing, "data.generate_if_missing", data.generate_if_missing,
            "false with data.layout=credit-gen2 (`credit data generate --layout credit-gen2` writes such data)")
+    _validate_geopotential(data)
+
+
+def _validate_geopotential(data: DictConfig) -> None:
+    """data.credit.geopotential: its inputs are the data's variables, its output a new name."""
+    geo, v = data.credit.geopotential, data.variables
+    if geo.output is None:
+        return
+    for key, names, what in (("temperature", v.upper_air, "an upper-air variable"),
+                             ("specific_humidity", v.upper_air, "an upper-air variable"),
+                             ("surface_pressure", v.surface, "a surface variable"),
+                             ("surface_geopotential", v.static, "a static variable")):
+        check(geo[key] in names, f"data.credit.geopotential.{key}", geo[key], f"{what} of the data ({list(names)})")
+    every = [*v.upper_air, *v.surface, *v.forcing, *v.static, *v.diagnostic]
+    check(geo.output not in every, "data.credit.geopotential.output", geo.output,
+          "a name no variable of the data has (the computed geopotential is scored beside them)")
+    check(bool(geo.level_info_file), "data.credit.geopotential.level_info_file", geo.level_info_file,
+          "the level coefficient file (CREDIT's credit/metadata/ERA5_Lev_Info.nc)")
 
 
 def validate_trainer(trainer: DictConfig) -> None:
@@ -403,3 +423,11 @@ def validate_config(cfg: DictConfig) -> None:
                f"is not an output variable; allowed: {output_vars}")
     for name in cfg.trainer.loss.overrides:
         check(name in output_vars, "trainer.loss.overrides", name, f"is not an output variable; allowed: {output_vars}")
+    if cfg.data.credit.geopotential.output is not None:
+        loss = cfg.trainer.loss
+        check(loss.space == "physical" and loss.combine == "variables", "data.credit.geopotential.output",
+              cfg.data.credit.geopotential.output, "null unless trainer.loss.space=physical and "
+              "trainer.loss.combine=variables (CREDIT's BaseLoss scores the computed geopotential in physical units)")
+        check(not loss.learnable_variance and cfg.trainer.ensemble_size == 1, "data.credit.geopotential.output",
+              cfg.data.credit.geopotential.output, "null with trainer.loss.learnable_variance or an ensemble "
+              "(CREDIT's BaseLoss refuses computed diagnostics with learned weights)")

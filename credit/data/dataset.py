@@ -331,6 +331,7 @@ class ERA5Dataset(torch.utils.data.Dataset):
         return self._starts.astype("datetime64[ns]")
 
     output_inverse = None  # no pointwise transform to undo on de-normalised outputs (CREDIT's gen2 data have)
+    computed_output = None  # no variable computed from the outputs for the loss (CREDIT's gen2 data may have)
 
     @property
     def target_mean(self) -> np.ndarray:

@@ -104,6 +104,7 @@ def credit_gen2_dataset(data: DictConfig, period: tuple[str, str], forecast_len:
         spatial=list(credit.spatial_variables),
         transforms=[dict(b) for b in credit.transforms], output_inverse=[dict(b) for b in credit.output_inverse],
         solar=None if credit.tisr.source is None else solar_source(credit.tisr, credit.timestep, data.root),
+        geopotential=None if credit.geopotential.output is None else dict(credit.geopotential),
     )
 
 

@@ -136,6 +136,22 @@ def read_standard_scalers(path: str | Path, data_type: str) -> dict[str, tuple[n
     return out
 
 
+def scaler_variance(path: str | Path, data_type: str, key: str) -> float:
+    """The variance CREDIT's BaseLoss weighs `key` by: the mean over channels (float32, torch)
+    of its `data_type` z-score scaler's variance in the file; NaN where the file has no such
+    scaler or a variance that is not finite (BaseLoss then keeps the variable's manual weight)."""
+    for source in read_scaler_file(path).get(data_type, {}).values():
+        scaler = dict(source).get(key)
+        if scaler is None:
+            continue
+        if scaler.get("type") != "DStandardScalerTensor":
+            raise DataError(f"{path}: {data_type} scaler of {key} is a {scaler.get('type')}; the z-score scaler "
+                            "(DStandardScalerTensor) is read here")
+        variance = torch.as_tensor(np.asarray(scaler["var_x_"], dtype=np.float32)).flatten()
+        return float(variance.mean()) if bool(torch.isfinite(variance).all()) else float("nan")
+    return float("nan")
+
+
 def _decoded(fields: dict[str, Any]) -> Any:
     """A JSON object of a scaler's attributes, with bridgescaler's encoded numpy values decoded
     (a base64 buffer, its dtype description and shape; a shape of () is one number)."""

@@ -58,6 +58,16 @@ def credit_file_overrides(args: Sequence[str], report: bool = False) -> tuple[li
 
         table = find_tsi_table(path)
         mapped = [*mapped, *([f"data.credit.tisr.tsi_table={hydra_value(str(table))}"] if table else [])]
+    geopotential = next((o for o in mapped if o.startswith("data.credit.geopotential=")), None)
+    if geopotential is not None:  # a bare level file name is one of CREDIT's package
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from credit.interop.paths import find_metadata_file
+        from credit.models.credit.config import hydra_value
+
+        level_file = str(OverridesParser.create().parse_override(geopotential).value()["level_info_file"])
+        found = find_metadata_file(path, level_file) if os.path.basename(level_file) == level_file else None
+        mapped = [*mapped, *([f"data.credit.geopotential.level_info_file={hydra_value(str(found))}"] if found else [])]
     return [*model_overrides, *mapped, *rest], lines
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from credit.interop import config_gen2
 from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables, solar_source
+from credit.interop.config_gen2_computed import geopotential_section
 from credit.interop.paths import expand
 
 
@@ -258,6 +259,7 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
     outputs = {k: v for k, v in source_var_keys(conf).items() if k.split("/")[1] in ("prognostic", "diagnostic")}
     scaled_keys: set[str] = set()  # the keys an inverse scaler has de-normalised so far
     inverses: dict[str, list[dict]] = {"y_processed": [], "y_target_processed": []}
+    computed: dict[str, tuple[str, dict]] = {}  # key -> (where, its geopotential_diagnostic's section)
     for section, blocks in value.items():
         for name, block in dict(blocks or {}).items():
             kind = dict(block or {}).get("type")
@@ -273,6 +275,9 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
                 if key not in scaled_keys:
                     return (f"{where}: a {kind} of {key} before an inverse scaler acts on normalised values; it is "
                             "read after the bridgescaler_transform inverse of the same key")
+                if key in computed:
+                    return (f"{where}: a {kind} of {key} after its geopotential_diagnostic; the geopotential is "
+                            "computed here from the outputs in physical units, after every pointwise postblock")
                 found = pointwise(where, kind, args, outputs)
                 if isinstance(found, str):
                     return found
@@ -283,6 +288,15 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
                     return refusal
                 inverse_files.add(expand(str(args["scaler_path"])))
                 scaled_keys.add(args.get("key", "y_processed"))
+            elif kind == "geopotential_diagnostic" and section == "per_step":
+                key = args.get("key", "y_processed")
+                if key not in inverses or key not in scaled_keys or key in computed:
+                    return (f"{where}.args.key: {key!r}; one geopotential_diagnostic of the prediction (y_processed) "
+                            "and one of its target twin are read here, each after the inverse scaler of its key")
+                found = geopotential_section(where, args, source_var_keys(conf))
+                if isinstance(found, str):
+                    return found
+                computed[key] = (where, found)
             elif kind == "reconstruct":
                 pair = (args.get("in_key", "y_pred"), args.get("out_key", "y_processed"))
                 if pair not in (("y_pred", "y_processed"), ("y", "y_target_processed")):
@@ -290,7 +304,8 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
                             "(y_pred -> y_processed) and its target twin (y -> y_target_processed) are read here")
             else:
                 return (f"{where}.type: {kind!r}; reconstruct, the per_step bridgescaler_transform inverse, "
-                        "exp_transform and square_transform are read here (conservation fixers: model.post_conf)")
+                        "exp_transform, square_transform and geopotential_diagnostic are read here (conservation "
+                        "fixers: model.post_conf)")
     if len(inverse_files) > 1:
         return (f"postblocks.per_step: inverse scalers of {len(inverse_files)} files; the prediction and its target "
                 "twin are de-normalised with one here")
@@ -300,7 +315,30 @@ def postblocks(value: Any, conf: Mapping[str, Any]):
                 f"prediction ({inverses['y_target_processed']} vs {inverses['y_processed']}); loss.type: base "
                 "compares the two, so here they take the same")
     pairs = [*ignored, *(("data.credit.files.bridgescaler_inverse", f) for f in inverse_files)]
+    scored = _scored_geopotential(computed, conf)
+    if isinstance(scored, str):
+        return scored
+    pairs += scored
     return pairs + [("data.credit.output_inverse", inverses["y_processed"])] * bool(inverses["y_processed"])
+
+
+def _scored_geopotential(computed: Mapping[str, tuple[str, dict]], conf: Mapping[str, Any]) -> list | str:
+    """The geopotential postblocks' pairs: `data.credit.geopotential` when BaseLoss scores it
+    (loss.type base, include_computed_diagnostics, the target twin computing the same), else the
+    reason nothing uses it; or a refusal."""
+    if not computed:
+        return []
+    where, section = computed.get("y_processed") or computed["y_target_processed"]
+    args = dict(dict(conf.get("loss") or {}).get("args") or {})
+    if dict(conf.get("loss") or {}).get("type") != "base" or not args.get("include_computed_diagnostics", True):
+        return [(None, f"{where}: computes a geopotential that no loss scores here (CREDIT's BaseLoss scores "
+                       "it with loss.args.include_computed_diagnostics); forecasts hold the outputs only")]
+    if set(computed) != {"y_processed", "y_target_processed"} or \
+            computed["y_processed"][1] != computed["y_target_processed"][1]:
+        return (f"{where}: loss.args.include_computed_diagnostics scores the computed geopotential against its "
+                "target twin's: give the prediction (y_processed) and the target (y_target_processed) one "
+                "geopotential_diagnostic each, with the same arguments but key")
+    return [("data.credit.geopotential", section)]
 
 
 def inference(value: Any, conf: Mapping[str, Any]):

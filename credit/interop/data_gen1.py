@@ -329,6 +329,7 @@ class CreditGen1Dataset(CreditLayout, torch.utils.data.Dataset):
     # ------------------------------------------------------------------ layout
     normalize = True  # CREDIT's std_new: values are z-scored with the mean/std files
     output_inverse = None  # gen1 has no pointwise output blocks
+    computed_output = None  # nor computed diagnostics
 
     @property
     def times(self) -> np.ndarray:

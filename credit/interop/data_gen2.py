@@ -47,6 +47,7 @@ import torch
 
 from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store, parse_period
 from credit.interop.data_gen2_values import Gen2Values
+from credit.interop.geopotential import ComputedGeopotential
 from credit.interop.layout import CreditLayout, iso, warn_once
 from credit.interop.path_templates import template_files
 from credit.interop.pointwise_blocks import blocks
@@ -82,7 +83,7 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                  history_len: int = 1, forecast_len: int = 1, clamp: Sequence[float] | None = None,
                  source_name: str = "ERA5", scaled: Sequence[str] | None = None, spatial: Sequence[str] = (),
                  transforms: Sequence[Mapping] = (), output_inverse: Sequence[Mapping] = (),
-                 solar: SolarSource | None = None):
+                 solar: SolarSource | None = None, geopotential: Mapping | None = None):
         self.root = Path(root)
         self.solar = solar
         self.names = dict(upper_air=list(prognostic_3d), surface=list(prognostic_2d),
@@ -144,6 +145,8 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                               int(self._inits[-1]) + self.forecast_len * self.step_ns)
         if self.names["static"]:
             self._static()  # its values checked here, before any sample
+        self.computed_output = None if geopotential is None else self._computed_geopotential(
+            geopotential, files.get("bridgescaler_inverse") or files.get("bridgescaler"))
 
     def _check_stores_complete(self) -> None:
         """Before any sample, one error for a time a sample reads that no file holds (a gap,
@@ -320,6 +323,24 @@ class CreditGen2Dataset(Gen2Values, CreditLayout, torch.utils.data.Dataset):
                 values.append(self._normalized(var, raw).reshape(self.grid_shape))
             self._static_values = np.stack(values)
         return self._static_values
+
+    def _computed_geopotential(self, section: Mapping, scaler_file: str | None) -> ComputedGeopotential:
+        """CREDIT's geopotential postblock on the de-normalised target channels, with the static
+        surface geopotential as stored (CREDIT reads it from the raw inputs, before any preblock);
+        its variance that of its target scaler in the loss's bridgescaler file, where it has one."""
+        name = section["surface_geopotential"]
+        ds = self._store(self._static_path)
+        if name not in ds.data_vars:
+            raise DataError(f"{self._static_path} has no static variable {name!r} (data.credit.geopotential."
+                            f"surface_geopotential); it holds {sorted(ds.data_vars)}")
+        da = ds[name].isel(time=0) if "time" in ds[name].dims else ds[name]
+        raw = self.check_finite(np.asarray(da.values, dtype=np.float32)[None], name, self._static_path, None, None)[0]
+        names = self.variable_of_channel
+        computed = ComputedGeopotential(section, [names[c] for c in self.target_channel_names],
+                                        raw.reshape(self.grid_shape))
+        if scaler_file and section.get("output_key"):
+            computed.variance = self._scaler_variance(scaler_file, str(section["output_key"]))
+        return computed
 
     # ------------------------------------------------------------------ layout
     @property

@@ -80,6 +80,13 @@ class Gen2Values:
             mean_ds.close()
             std_ds.close()
 
+    def _scaler_variance(self, file: str, key: str) -> float:
+        """The variance of `key`'s target scaler in the bridgescaler file (NaN: none there)."""
+        from credit.interop.bridgescaler_file import scaler_variance
+
+        found = template_files(self.root, file)
+        return scaler_variance(found[0][0] if found else self.root / file, "target", key)
+
     def _load_bridgescaler(self, file: str, source_name: str, scaled: Sequence[str] | None,
                            sides: Sequence[str]) -> tuple[dict[str, np.ndarray], ...]:
         """(mean, std) tables of each of `sides` ("input", "target") from the bridgescaler file."""

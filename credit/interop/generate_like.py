@@ -40,7 +40,7 @@ import yaml
 
 from credit.data.generate import GenerateError, prepare_output_dir, write_atomically
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
-from credit.interop import generate_like_tisr
+from credit.interop import generate_like_geopotential, generate_like_tisr
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, solar_source, span
 from credit.interop.config_gen2_blocks import POINTWISE, pointwise, selects_nothing, source_var_keys, spatial_selection
 from credit.interop.generate_like_gen1 import generate_like_gen1
@@ -179,6 +179,8 @@ def generate_like(config_file: str | Path, out: str | Path, *, grid: tuple[int, 
     copy_conf = _copy_config(conf, out, templates, periods, step, training, names, name, levels, resized)
     if solar is not None:
         _solar_copy(copy_conf, solar[0], out, grid, lat, lon, resized is not None)
+    for line in generate_like_geopotential.place_level_info(copy_conf, source_file, out, levels):
+        print(f"geopotential_diagnostic: the level coefficient file {line}")
     path = out / source_file.name
     path.write_text(yaml.safe_dump(copy_conf, sort_keys=False))
     return path

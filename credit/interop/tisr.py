@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from credit.data.catalog import LAT_NAMES, LON_NAMES, DataError, open_store
+from credit.interop.paths import find_metadata_file
 
 TSI_TABLE = "total_solar_irradiance_CMIP6_49r1.nc"
 """The table CREDIT's `tisr` source reads, in its package's `credit/metadata` folder."""
@@ -40,13 +41,8 @@ _BLOCK_ELEMENTS = 1 << 19  # a block of rows times times: 2 MiB of float32, with
 
 
 def find_tsi_table(config_file: Path) -> Path | None:
-    """CREDIT's TSI table in the CREDIT checkout that holds `config_file` (its `config/`
-    folders sit beside `credit/metadata`), or None."""
-    for folder in Path(config_file).resolve().parents:
-        candidate = folder / "credit" / "metadata" / TSI_TABLE
-        if candidate.is_file():
-            return candidate
-    return None
+    """CREDIT's TSI table in the CREDIT checkout that holds `config_file`, or None."""
+    return find_metadata_file(config_file, TSI_TABLE)
 
 
 def read_tsi_table(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -121,6 +121,9 @@ class MembersGathered(nn.Module):
         """(B,) per-sample sums by the fixed K tree (deterministic mode)."""
         return sample_sums(prediction, target, self.weighted_error)
 
+    def elements(self, sample: torch.Tensor) -> int:
+        return self.loss.elements(sample)
+
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.weighted_error(prediction, target).mean()
 

@@ -12,12 +12,16 @@ variables (CREDIT's gen2 BaseLoss); both are one mean over (batch, channel, lat,
 per-channel weights (`channel_weights`, `variable_mean_weights`, or learned ones:
 `credit.train.learned_variance`). With `space="physical"` the
 error is taken after de-normalising prediction and target (x * std + mean per channel, the
-inverse of CREDIT's scaler), as BaseLoss scores its postblocks' physical units.
+inverse of CREDIT's scaler), as BaseLoss scores its postblocks' physical units; a computed
+variable (CREDIT's geopotential postblock, `credit.interop.geopotential`) is then appended to
+both as further channels and scored as one more variable (BaseLoss's computed diagnostics).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +34,8 @@ from credit.data.target_statistics import as_fields, channel_variance
 from credit.train.deterministic import sample_sums
 from credit.train.ensemble import ENSEMBLE_FUNCTIONS, ensemble_error
 from credit.train.learned_variance import LearnedVariance
+
+log = logging.getLogger(__name__)
 
 
 def channel_weights(
@@ -79,7 +85,8 @@ def variable_mean_weights(
         variance = torch.as_tensor(list(channel_variance), dtype=torch.float64)
         for v in names:
             rows = [i for i, c in enumerate(channel_variables) if c == v]
-            weights[v] /= max(float(variance[rows].mean()), 1e-12)  # BaseLoss's floor
+            if not torch.isnan(variance[rows]).any():  # NaN: none known, the weight stays (BaseLoss)
+                weights[v] /= max(float(variance[rows].mean()), 1e-12)  # BaseLoss's floor
     if normalize:
         mean = sum(weights.values()) / len(weights)
         if mean > 0:
@@ -121,15 +128,18 @@ class WeightedLoss(nn.Module):
     with `physical=(std, mean)` (per channel (C,), or per channel and grid point (C, H, W)), the
     error of x * std + mean of both, through `inverse` (the data's pointwise output blocks) if given;
     `channel_errors` gives some channels another (function, huber delta); `learned` multiplies
-    the channel weights by its exp(-s_v) and adds its penalty to the mean."""
+    the channel weights by its exp(-s_v) and adds its penalty to the mean. `computed` maps the
+    physical channels to further ones (a computed variable), appended before the error."""
 
     def __init__(self, lat_weights: torch.Tensor, chan_weights: torch.Tensor, function: str = "mse",
                  huber_delta: float = 1.0, physical: tuple[torch.Tensor, torch.Tensor] | None = None,
                  crps_alpha: float = 1.0, inverse: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  channel_errors: Mapping[tuple[str, float], Sequence[int]] | None = None,
-                 learned: LearnedVariance | None = None) -> None:
+                 learned: LearnedVariance | None = None,
+                 computed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
         self.learned = learned
+        self.computed = computed
         if function not in ERRORS and function not in ENSEMBLE_FUNCTIONS:
             raise ValueError(f"loss function {function!r}: one of {sorted(ERRORS) + list(ENSEMBLE_FUNCTIONS)}")
         self.function, self.huber_delta, self.crps_alpha = function, huber_delta, crps_alpha
@@ -165,8 +175,13 @@ class WeightedLoss(nn.Module):
         its elements (plus the learned weights' penalty). torch's `mean` reduces in an order set
         by the intra-op thread count, so one process on several cores and torchrun's one-thread
         ranks would report other bits."""
-        mean = self.sample_sums(prediction, target)[0] / target[0].numel()
+        mean = self.sample_sums(prediction, target)[0] / self.elements(target[0])
         return mean if self.learned is None else mean + self.learned.penalty()
+
+    def elements(self, sample: torch.Tensor) -> int:
+        """The errors one target sample (C, lat, lon) is scored by: its elements, and those of
+        the computed channels."""
+        return sample.numel() // sample.shape[0] * self.chan_weights.shape[1]
 
     def error(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The unweighted elementwise error (B, C, lat, lon); in physical space, of the
@@ -176,6 +191,9 @@ class WeightedLoss(nn.Module):
             target = target.float() * self.std + self.mean
             if self.inverse is not None:  # CREDIT's exp/square postblocks, on prediction and target twin
                 prediction, target = self.inverse(prediction), self.inverse(target)
+            if self.computed is not None:  # BaseLoss's computed diagnostics: from prediction and target twin
+                prediction = torch.cat([prediction, self.computed(prediction)], dim=-3)
+                target = torch.cat([target, self.computed(target)], dim=-3)
         if self.function in ENSEMBLE_FUNCTIONS:
             error = ensemble_error(self.function, prediction, target, self.crps_alpha)
         elif self.channel_errors:
@@ -216,11 +234,14 @@ class WeightedLoss(nn.Module):
 
 def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torch.Tensor,
                   target_std: np.ndarray, target_mean: np.ndarray,
-                  output_inverse: Callable[[torch.Tensor], torch.Tensor] | None = None) -> WeightedLoss:
+                  output_inverse: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  computed: Any = None) -> WeightedLoss:
     """The loss `trainer.loss` (its schema: credit/config/schema.py LossConfig) describes, for
     output channels of `channel_variables` whose data statistics are `target_std`, `target_mean`
     (credit/data/target_statistics.py: per channel, or per channel and grid point) and, in
-    physical space, whose pointwise output blocks are `output_inverse`."""
+    physical space, whose pointwise output blocks are `output_inverse`; `computed` (physical
+    space, combine=variables) adds the channels of a computed variable (its `name`, `levels`
+    channels), weighted as BaseLoss weighs a variable its scaler file has no statistics for."""
     std = torch.as_tensor(as_fields(target_std), dtype=torch.float32)
     mean = torch.as_tensor(as_fields(target_mean), dtype=torch.float32)
     if not loss.latitude_weighting:
@@ -233,8 +254,16 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
         weights = learned.channel_scale
     elif loss.combine == "variables":
         variance = channel_variance(std.double().numpy()) if loss.inverse_variance else None
-        weights = variable_mean_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights,
-                                        variance)
+        scored = list(channel_variables)
+        if computed is not None:
+            scored += [computed.name] * computed.levels
+            if variance is not None:  # NaN, no scaler statistics: BaseLoss keeps the manual weight (default 1)
+                variance = [*variance, *[float(computed.variance)] * computed.levels]
+                if math.isnan(computed.variance):
+                    log.warning(f"{computed.name} (computed, data.credit.geopotential) has no statistics in the "
+                                "scaler file: its inverse-variance weight is its manual one (default 1.0), as "
+                                "CREDIT's BaseLoss falls back")
+        weights = variable_mean_weights(scored, loss.variable_weights, loss.normalize_variable_weights, variance)
     else:
         weights = channel_weights(channel_variables, loss.variable_weights, loss.normalize_variable_weights)
     channel_errors: dict[tuple[str, float], list[int]] = {}
@@ -244,4 +273,4 @@ def training_loss(loss: Any, channel_variables: Sequence[str], lat_weights: torc
     return WeightedLoss(lat_weights, weights, loss.function, loss.huber_delta,
                         physical=(std, mean) if loss.space == "physical" else None, crps_alpha=loss.crps_alpha,
                         inverse=output_inverse if loss.space == "physical" else None, channel_errors=channel_errors,
-                        learned=learned)
+                        learned=learned, computed=computed if loss.space == "physical" else None)

@@ -18,16 +18,17 @@ log = logging.getLogger(__name__)
 def skill_table(results: dict[str, float]) -> str:
     """Final validation as a table: model vs persistence RMSE per variable."""
     names = [k[len("rmse_"):] for k in results if k.startswith("rmse_")]
-    lines = [f"{'variable':<12}{'model RMSE':>14}{'persistence':>14}  skill vs persistence"]
+    width = max([12, *(len(name) + 1 for name in names)])  # ERA5's long names keep the columns
+    lines = [f"{'variable':<{width}}{'model RMSE':>14}{'persistence':>14}  skill vs persistence"]
     for name in names:
         model = results[f"rmse_{name}"]
         persistence = results.get(f"persistence_rmse_{name}")
         if persistence is None:
-            lines.append(f"{name:<12}{model:>14.5g}{'-':>14}  (diagnostic)")
+            lines.append(f"{name:<{width}}{model:>14.5g}{'-':>14}  (diagnostic)")
         else:
             verdict = "better" if model < persistence else "WORSE"
             lines.append(
-                f"{name:<12}{model:>14.5g}{persistence:>14.5g}  {1 - model / persistence:+.1%} {verdict}"
+                f"{name:<{width}}{model:>14.5g}{persistence:>14.5g}  {1 - model / persistence:+.1%} {verdict}"
             )
     return "\n".join(lines)
 

@@ -40,7 +40,7 @@ def backward_micro_batch(model: nn.Module, batch: dict[str, torch.Tensor], loss_
     sums = forecast_sample_sums(model, batch, loss_fn.sample_sums)
     target = batch["target"]
     steps = target.shape[1] if forecast_steps == "mean" else 1  # `sum`: the steps' losses added
-    scale = 1.0 / (step_samples * target[0, 0].numel() * steps)
+    scale = 1.0 / (step_samples * loss_fn.elements(target[0, 0]) * steps)
     (tree_sum(list(sums.unbind(0))) * scale).backward()
     return sums.detach(), scale
 

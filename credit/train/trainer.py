@@ -155,7 +155,8 @@ class Trainer:
             lat_w = torch.ones_like(lat_w)
         self.lat_weights = lat_w
         self.loss_fn = training_loss(trainer.loss, self.channel_variables, lat_w, self.train_set.target_std,
-                                     self.train_set.target_mean, self.train_set.output_inverse).to(rt.device)
+                                     self.train_set.target_mean, self.train_set.output_inverse,
+                                     self.train_set.computed_output).to(rt.device)
         self.learned = self.loss_fn.learned  # trainer.loss.learnable_variance: s_v, stepped beside the model
         if self.learned is not None:
             opt = trainer.optimizer

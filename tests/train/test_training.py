@@ -105,3 +105,16 @@ def test_missing_variable_is_one_error_naming_it(tmp_path, tiny_overrides):
     with pytest.raises(DataError, match="VORT"):
         train(tiny_overrides(tmp_path / "run", "data.variables.upper_air=[U,VORT]"))
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_the_final_table_keeps_its_columns_for_long_names():
+    """ERA5's long variable names (CREDIT's gen2 files) do not push their numbers out of line."""
+    from credit.train.run import skill_table
+
+    table = skill_table({"rmse_U_500": 1.0, "persistence_rmse_U_500": 2.0,
+                         "rmse_surface_net_thermal_radiation": 3.0}).splitlines()
+    name_ends = [len(line.split()[0]) for line in table]
+    model_ends = [line.index(value, end) + len(value)
+                  for line, value, end in zip(table, ["RMSE", "1", "3"], name_ends)]
+    assert len(set(model_ends)) == 1 and min(model_ends) - max(name_ends) > 3, table
+    assert table[1].endswith("+50.0% better") and table[2].endswith("(diagnostic)"), table
