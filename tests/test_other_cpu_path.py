@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# every comparison with a fixture that takes under a few seconds, and CREDIT's continued run
+# every comparison with a fixture made by CREDIT's code, each under a few seconds, and CREDIT's continued run
 FIXTURE_COMPARISONS = (
     "tests/train/test_losses.py::test_the_loss_is_credits_on_the_same_tensors",
     "tests/train/test_ensemble.py::test_the_crps_is_credits_on_the_same_tensors",
@@ -32,6 +32,19 @@ FIXTURE_COMPARISONS = (
     "tests/data/test_credit_tisr.py::test_the_field_at_a_time_is_credits",
     "tests/data/test_credit_tisr.py::test_the_samples_of_a_file_with_a_tisr_source_are_credits",
     "tests/data/test_credit_tisr.py::test_the_bridgescaler_preblock_scales_tisr_with_its_own_sources_scaler",
+    "tests/data/test_credit_tisr.py::test_tisr_may_be_the_only_dynamic_forcing",
+    "tests/data/test_credit_bridgescaler.py::test_learnable_variable_weights_are_credits_base_loss",
+    "tests/data/test_credit_bridgescaler.py::test_per_variable_loss_overrides_are_credits",
+    "tests/data/test_credit_bridgescaler_spatial.py::test_the_samples_are_credits_per_grid_point_scaling",
+    "tests/data/test_credit_bridgescaler_spatial.py::test_the_loss_is_credits_base_loss_and_forecasts_are_its_physical_units",
+    "tests/data/test_credit_pointwise_blocks.py::test_the_samples_are_credits_transformed_then_scaled",
+    "tests/data/test_credit_pointwise_blocks.py::test_the_loss_and_the_forecast_are_credits_through_the_inverse_blocks",
+    "tests/data/test_credit_pointwise_blocks.py::test_fill_values_is_credits_on_nan_bounds_and_overlaps",
+    "tests/data/test_credit_geopotential.py::test_the_geopotential_is_credits_postblock",
+    "tests/data/test_credit_geopotential.py::test_the_loss_scores_the_computed_geopotential_as_credits_base_loss",
+    "tests/data/test_credit_geopotential.py::test_a_scaler_of_the_computed_key_weighs_it_as_base_loss_does",
+    "tests/models/test_credit_ensemble_model.py::test_forward_is_credits_for_its_recorded_noise",
+    "tests/config/test_credit_file.py::test_the_mapped_schedule_gives_credits_learning_rates",
 )
 
 
@@ -67,3 +80,26 @@ def test_fixture_comparisons_hold_on_another_cpu_path(tmp_path):
     # every named test ran, each parametrization passed, none skipped
     assert sorted(passed) == sorted(FIXTURE_COMPARISONS), passed
     assert sum(passed.values()) == int(suite.get("tests")) > len(FIXTURE_COMPARISONS)
+
+
+# Modules that read a fixture of CREDIT's outputs but are not rerun above: they launch ranks
+# (minutes under the scalar kernels) and compare the multi-rank run against CREDIT's output
+# with the tolerances of the one-process comparisons the list holds.
+MULTI_RANK_COMPARISONS = {"tests/parallel/test_credit_tp.py", "tests/parallel/test_credit_resume.py",
+                          "tests/parallel/test_ensemble_gather.py"}
+
+
+def test_every_module_reading_credits_outputs_is_rerun_here():
+    """A module that loads a fixture of CREDIT's outputs (`torch.load` in a module that names a
+    FIXTURE or a tests/fixtures/credit_* folder) has a test in the list, so its tolerances meet
+    a second CPU path."""
+    listed = {node.split("::")[0] for node in FIXTURE_COMPARISONS}
+    readers = set()
+    for path in (REPO / "tests").rglob("test_*.py"):
+        source = path.read_text()
+        if path == Path(__file__).resolve():
+            continue
+        if "torch.load(" in source and ("FIXTURE" in source or '"credit_' in source):
+            readers.add(str(path.relative_to(REPO)))
+    assert readers - MULTI_RANK_COMPARISONS <= listed, sorted(readers - MULTI_RANK_COMPARISONS - listed)
+    assert listed <= readers, sorted(listed - readers)
