@@ -133,10 +133,30 @@ class ComputedGeopotential:
         self.rows = {role: torch.tensor(found) for role, found in rows.items()}
         self.surface_geopotential = torch.as_tensor(np.asarray(surface_geopotential, dtype=np.float32))
         self.variance = float("nan")  # its scaler's, where the loss's scaler file has one
+        self.section = section
+        self._lowest_surface_pressure: torch.Tensor | None = None  # of any call, kept on the device
 
     def __call__(self, physical: torch.Tensor) -> torch.Tensor:
         device = physical.device
         picked = {role: physical.index_select(-3, rows.to(device)) for role, rows in self.rows.items()}
+        lowest = picked["surface_pressure"].detach().amin()
+        self._lowest_surface_pressure = (lowest if self._lowest_surface_pressure is None
+                                         else torch.minimum(self._lowest_surface_pressure, lowest))
         return geopotential(self.surface_geopotential.to(device), picked["surface_pressure"],
                             picked["temperature"], picked["specific_humidity"], self.a_half.to(device),
                             self.b_half.to(device), self.flip_vertical)
+
+    def why_not_finite(self) -> str | None:
+        """Why the field may be NaN, for a non-finite loss: a surface pressure it was given (an
+        untrained or diverging prediction's, most likely) that puts two adjacent interface
+        pressures `a_half + b_half sp` at or below zero, where CREDIT's arithmetic, kept here,
+        divides zero by zero."""
+        if self._lowest_surface_pressure is None:
+            return None
+        lowest = float(self._lowest_surface_pressure)
+        interfaces = self.a_half.double() + self.b_half.double() * lowest
+        if not bool(((interfaces[:-1] <= 0) & (interfaces[1:] <= 0)).any()):  # the field is finite
+            return None
+        return (f"the computed {self.name} (data.credit.geopotential) met a surface pressure "
+                f"{self.section['surface_pressure']} of {lowest:.6g} Pa, where its interface pressures a_half + "
+                "b_half sp fall to zero and CREDIT's geopotential postblock, whose arithmetic this is, gives NaN too")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 import xarray as xr
+from launches import credit_command
 from test_credit_bridgescaler import DATA, FIXTURE, assert_loss_is, composed, credit_config
 
 from credit.config import compose_config
@@ -219,3 +221,43 @@ def test_a_bare_level_file_is_the_checkouts_and_validation_guards_the_section(tm
     cfg.trainer.loss.space = "normalized"
     with pytest.raises(ConfigError, match="data.credit.geopotential.output"):
         validate_config(cfg)
+
+
+def test_a_surface_pressure_at_or_below_zero_is_named_when_the_loss_is_nan():
+    """CREDIT's arithmetic gives NaN where interface pressures reach zero; the field keeps it,
+    and says which surface pressure it met."""
+    expected = torch.load(GEO_FIXTURE / "expected.pt")["cases"]["some_levels"]
+    inputs = {k: v[:, :, 0] for k, v in expected["inputs"].items()}
+    names = ["Q"] * 4 + ["T"] * 4 + ["SP"]
+    section = {"output": "geopotential", "surface_pressure": "SP", "temperature": "T", "specific_humidity": "Q",
+               "flip_vertical": True, "level_info_file": str(LEVEL_INFO), "a_half_variable": "a_half",
+               "b_half_variable": "b_half", "levels": [3, 4, 5, 6]}
+    computed = ComputedGeopotential(section, names, inputs["surface_geopotential"][0, 0].numpy())
+    physical = torch.cat([inputs["specific_humidity"], inputs["temperature"], inputs["surface_pressure"]], dim=1)
+    assert computed.why_not_finite() is None  # nothing computed yet
+    assert torch.isfinite(computed(physical)).all() and computed.why_not_finite() is None
+    physical[0, -1, 0, 0] = -3000.0  # one interface pressure below zero: still a number
+    assert torch.isfinite(computed(physical)).all() and computed.why_not_finite() is None
+    physical[0, -1, 0, 0] = -3e6  # two adjacent ones: zero over zero
+    assert not torch.isfinite(computed(physical)).all()
+    assert computed.why_not_finite().startswith(
+        "the computed geopotential (data.credit.geopotential) met a surface pressure SP of -3e+06 Pa")
+
+
+def test_a_run_whose_prediction_makes_the_field_nan_stops_naming_it(tmp_path):
+    """The fixture's config with CREDIT's smoke crossformer, untrained: its first prediction's
+    surface pressure goes below zero, the loss is NaN (as in CREDIT), and the error says why."""
+    conf = _geopotential_config(level_info_file=str(LEVEL_INFO))
+    conf["model"] = {**WHOLE_FILES["config/gen_2/smoke/smoke_gen2_casper.yml"]["model"],
+                     "levels": 3, "surface_channels": 2, "input_only_channels": 3, "output_only_channels": 1,
+                     "image_height": 9, "image_width": 16, "local_window_size": 1,
+                     "global_window_size": [2, 1, 1, 1], "cross_embed_kernel_sizes": [[2, 4]] * 4,
+                     "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [4, 3], "pad_lon": [0, 0]}}
+    conf["save_loc"] = str(tmp_path / "run")
+    (tmp_path / "geo.yml").write_text(json.dumps(conf))
+    run = credit_command("train", "--credit-config", tmp_path / "geo.yml", "trainer.max_steps=1",
+                         "trainer.batch_size=1")
+    assert run.returncode != 0
+    assert re.search(r"error: loss became nan at step 1 \(the step's inputs and targets were all finite; the "
+                     r"computed geopotential \(data.credit.geopotential\) met a surface pressure SP of -[0-9.e+]+ Pa",
+                     run.stderr), run.stderr[-2000:]
