@@ -198,6 +198,15 @@ def test_a_level_file_that_cannot_serve_is_one_line(tmp_path):
         build_dataset(cfg.data, "train_period")
 
 
+def fitted_smoke_model() -> dict:
+    """CREDIT's smoke model section sized to the fixture's 9 x 16 grid and its channel counts."""
+    return {**WHOLE_FILES["config/gen_2/smoke/smoke_gen2_casper.yml"]["model"],
+            "levels": 3, "surface_channels": 2, "input_only_channels": 3, "output_only_channels": 1,
+            "image_height": 9, "image_width": 16, "local_window_size": 1,
+            "global_window_size": [2, 1, 1, 1], "cross_embed_kernel_sizes": [[2, 4]] * 4,
+            "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [4, 3], "pad_lon": [0, 0]}}
+
+
 def test_a_bare_level_file_is_the_checkouts_and_validation_guards_the_section(tmp_path):
     """CREDIT's default `ERA5_Lev_Info.nc` is found in `credit/metadata` of the checkout that
     holds the config; the section needs the physical-unit, per-variable loss."""
@@ -205,12 +214,7 @@ def test_a_bare_level_file_is_the_checkouts_and_validation_guards_the_section(tm
     (checkout / "credit" / "metadata").mkdir(parents=True)
     xr.open_dataset(LEVEL_INFO).to_netcdf(checkout / "credit" / "metadata" / "ERA5_Lev_Info.nc")
     conf = _geopotential_config(level_info_file="ERA5_Lev_Info.nc")
-    # CREDIT's smoke model section sized to the fixture's 9 x 16 grid and its channel counts
-    conf["model"] = {**WHOLE_FILES["config/gen_2/smoke/smoke_gen2_casper.yml"]["model"],
-                     "levels": 3, "surface_channels": 2, "input_only_channels": 3, "output_only_channels": 1,
-                     "image_height": 9, "image_width": 16, "local_window_size": 1,
-                     "global_window_size": [2, 1, 1, 1], "cross_embed_kernel_sizes": [[2, 4]] * 4,
-                     "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [4, 3], "pad_lon": [0, 0]}}
+    conf["model"] = fitted_smoke_model()
     config_file = checkout / "config" / "mine.yml"
     config_file.parent.mkdir()
     config_file.write_text(json.dumps(conf))
@@ -248,11 +252,7 @@ def test_a_run_whose_prediction_makes_the_field_nan_stops_naming_it(tmp_path):
     """The fixture's config with CREDIT's smoke crossformer, untrained: its first prediction's
     surface pressure goes below zero, the loss is NaN (as in CREDIT), and the error says why."""
     conf = _geopotential_config(level_info_file=str(LEVEL_INFO))
-    conf["model"] = {**WHOLE_FILES["config/gen_2/smoke/smoke_gen2_casper.yml"]["model"],
-                     "levels": 3, "surface_channels": 2, "input_only_channels": 3, "output_only_channels": 1,
-                     "image_height": 9, "image_width": 16, "local_window_size": 1,
-                     "global_window_size": [2, 1, 1, 1], "cross_embed_kernel_sizes": [[2, 4]] * 4,
-                     "padding_conf": {"activate": True, "mode": "earth", "pad_lat": [4, 3], "pad_lon": [0, 0]}}
+    conf["model"] = fitted_smoke_model()
     conf["save_loc"] = str(tmp_path / "run")
     (tmp_path / "geo.yml").write_text(json.dumps(conf))
     run = credit_command("train", "--credit-config", tmp_path / "geo.yml", "trainer.max_steps=1",
