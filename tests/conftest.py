@@ -100,19 +100,29 @@ HEAVY = {
 # out files in collection order (with its reordering by test count turned off, below), so the
 # two workers start on these and end together instead of one worker starting a ten-minute file
 # last.
-LONGEST_FIRST = (  # by their summed --durations in clean-clone runs (Zen 3, 2026-11-28)
-    "manual/test_gpu_kit.py",
+LONGEST_FIRST = (  # by their summed durations, over 20 s, in a clean-clone run (Intel Xeon VM, 2026-12-04)
     "train/test_deterministic_training.py",
+    "manual/test_gpu_kit.py",
     "rollout/test_default_skill.py",
-    "parallel/test_credit_config_layouts.py",
-    "diagnostics/test_sdc_training.py",
-    "parallel/test_distributed_training.py",
-    "parallel/test_tp_parity_acceptance.py",
-    "parallel/test_sequence_parallel_training.py",
-    "plan/test_plan_command.py",
-    "plan/test_plan_estimates.py",
     "config/test_credit_like.py",
+    "parallel/test_credit_config_layouts.py",
     "config/test_credit_smoke_files.py",
+    "test_other_cpu_path.py",
+    "parallel/test_sequence_parallel.py",
+    "plan/test_plan_estimates.py",
+    "diagnostics/test_sdc_training.py",
+    "train/test_ensemble_axis.py",
+    "parallel/test_distributed_training.py",
+    "parallel/test_launcher_death.py",
+    "train/test_credit_deterministic_training.py",
+    "parallel/test_credit_tp.py",
+    "parallel/test_tp_parity_acceptance.py",
+    "parallel/test_spectral_norm_tp.py",
+    "plan/test_plan_command.py",
+    "parallel/test_sequence_parallel_training.py",
+    "parallel/test_credit_resume.py",
+    "kernels/test_gemm_gpu.py",
+    "parallel/test_smoke.py",
 )
 
 

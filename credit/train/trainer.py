@@ -310,7 +310,8 @@ class Trainer:
                      for key in ("state", "forcing", "static", "target"))
         inputs = ("the step's inputs and targets were all finite" if finite else
                   "the step's inputs or targets held non-finite values (check the data files)")
-        computed = self.loss_fn.computed.why_not_finite() if self.loss_fn.computed is not None else None
+        explain = getattr(self.loss_fn.computed, "why_not_finite", None)  # a computed variable's own reason
+        computed = explain() if explain is not None else None
         if computed is not None:
             inputs = f"{inputs}; {computed}"
         raise FloatingPointError(f"loss became {loss_value} at step {self.step + 1} ({inputs}); lower "
