@@ -11,8 +11,12 @@
 //   exponent field: per field, the integer sums of hi*hi, hi*lo and lo*lo over the elements'
 //   24-bit significands m = hi * 2^12 + lo. Integer sums do not depend on their order, so
 //   threads split the elements freely.
-// torch/python.h: the tensor casters the bindings need, not the full C++ frontend
-#include <torch/python.h>
+// torch/csrc/utils/pybind.h: pybind11 with torch's tensor casters, the one thing the bindings
+// need; torch/extension.h (the whole C++ frontend) takes three times as long to compile.
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -26,11 +30,11 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;
 constexpr int64_t kBlock = 16384;  // elements per square-root call: the temporaries stay in cache
 
-void det_adamw(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg, torch::Tensor exp_avg_sq,
+void det_adamw(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
                double decay_factor, bool decay, double beta1, double one_minus_beta1, double beta2,
                double one_minus_beta2, double bias_correction1, double bias_correction2, double eps, double lr) {
-  TORCH_CHECK(param.scalar_type() == torch::kFloat32 && grad.scalar_type() == torch::kFloat32 &&
-                  exp_avg.scalar_type() == torch::kFloat32 && exp_avg_sq.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(param.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
+                  exp_avg.scalar_type() == at::kFloat && exp_avg_sq.scalar_type() == at::kFloat,
               "det_adamw takes float32 tensors");
   TORCH_CHECK(param.is_contiguous() && grad.is_contiguous() && exp_avg.is_contiguous() && exp_avg_sq.is_contiguous(),
               "det_adamw takes contiguous tensors");
@@ -47,7 +51,7 @@ void det_adamw(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp
               bc2 = static_cast<float>(bias_correction2), e = static_cast<float>(eps), l = static_cast<float>(lr);
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(kBlock);
-    auto denom = torch::from_blob(buffer.data(), {kBlock}, torch::kFloat32);
+    auto denom = at::from_blob(buffer.data(), {kBlock}, at::kFloat);
     for (int64_t start = begin; start < end; start += kBlock) {
       const int64_t stop = std::min(end, start + kBlock);
       float* __restrict__ d = buffer.data();
@@ -79,9 +83,9 @@ void det_adamw(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp
 
 // Over every element of every tensor of `tensors` (one call for a model's gradients: no
 // result tensor and addition per gradient).
-torch::Tensor det_square_bins(const std::vector<torch::Tensor>& tensors) {
+at::Tensor det_square_bins(const std::vector<at::Tensor>& tensors) {
   for (const auto& values : tensors)
-    TORCH_CHECK(values.scalar_type() == torch::kFloat32 && values.is_contiguous(),
+    TORCH_CHECK(values.scalar_type() == at::kFloat && values.is_contiguous(),
                 "det_square_bins takes contiguous float32 tensors");
   const int threads = at::get_num_threads();
   std::vector<int64_t> partial(static_cast<size_t>(threads) * 3 * 256, 0);
@@ -103,7 +107,7 @@ torch::Tensor det_square_bins(const std::vector<torch::Tensor>& tensors) {
       }
     });
   }
-  auto out = torch::zeros({3, 256}, torch::kInt64);
+  auto out = at::zeros({3, 256}, at::kLong);
   int64_t* total = out.data_ptr<int64_t>();
   for (int t = 0; t < threads; ++t)
     for (int k = 0; k < 3 * 256; ++k) total[k] += partial[static_cast<size_t>(t) * 3 * 256 + k];

@@ -1,8 +1,9 @@
 // Python bindings of the CPU GEMM engine (cpu_gemm_kernel.h): det_mm for
 // strided matrices, det_mm_gather for offset-table operands (padded row trees,
 // implicit im2col), det_fold; and of the row tree's sums (cpu_row_sums.h).
-// torch/python.h: the tensor casters the bindings need, not the full C++ frontend
-#include <torch/python.h>
+// torch/csrc/utils/pybind.h: pybind11 with torch's tensor casters, the one thing the bindings
+// need; torch/extension.h (the whole C++ frontend) takes three times as long to compile.
+#include <torch/csrc/utils/pybind.h>
 
 #include "cpu_gemm_kernel.h"
 #include "cpu_group_norm.h"

@@ -1,6 +1,7 @@
 // Python binding for cuda_gemm.cu.  Deliberately free of CUDA headers so it
 // can be syntax-checked on machines without the CUDA toolkit's torch build.
-#include <torch/extension.h>
+// pybind11 with torch's tensor casters, not the whole C++ frontend of torch/extension.h
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 
