@@ -3,10 +3,17 @@
 `build_runtime` is the one bring-up shared by training and rollout: it resolves the layout
 once (before any process-group work, so a bad `trainer.parallelism` fails in one line),
 joins the launcher's process group and builds the mesh.
+
+It also freezes the garbage collector's view of what the process holds by then (`gc.freeze`):
+the modules of torch and this package, a few hundred thousand objects that live as long as
+the process. Python's full collections would otherwise walk them all again, many times a
+step (the dispatch of every DTensor op allocates); on a small model that walk was a tenth of
+a rank's CPU time. What the run allocates later is collected as before.
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +57,9 @@ def resolve_device(name: str) -> torch.device:
 
 def build_runtime(cfg: DictConfig) -> Runtime:
     """Resolve the layout of `trainer.parallelism` for the launched world size, join the
-    process group and build the named mesh; a single process gets no mesh."""
+    process group and build the named mesh; a single process gets no mesh. Freezes the
+    objects alive now out of the garbage collector's full collections (module docstring)."""
+    gc.freeze()
     device = resolve_device(cfg.trainer.device)
     par = cfg.trainer.parallelism
     layout = resolve_layout(launched_world_size(), par.data, par.tensor, par.ensemble)
