@@ -62,6 +62,7 @@ HEAVY = {
     "config/test_credit_smoke_files.py",
     "diagnostics/test_sdc_replica.py",
     "diagnostics/test_sdc_training.py",
+    "kernels/test_gemm_cpu_isa.py",
     "manual/test_gpu_kit.py",
     "parallel/test_clip_and_layout.py",
     "parallel/test_collective_devices.py",
@@ -124,6 +125,7 @@ LONGEST_FIRST = (  # by their summed durations, over 20 s, in a clean-clone run 
     "parallel/test_credit_resume.py",
     "kernels/test_gemm_gpu.py",
     "parallel/test_smoke.py",
+    "kernels/test_gemm_cpu_isa.py",  # last of these: the guard (above) builds the scalar GEMM it loads
 )
 
 
