@@ -1,9 +1,11 @@
 """`credit.launch.launch` called more than once from one process: one forkserver serves every
 launch, and each launch's ranks take that launch's environment, working directory and output,
-not the process's as it was when the forkserver started; the caller's signal handlers stay."""
+not the process's as it was when the forkserver started; the caller's signal handlers stay.
+A rank collects its garbage (the forkserver, which only imports and forks, does not)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from multiprocessing import forkserver
@@ -18,7 +20,7 @@ def report(args: list[str]) -> int:
     ranks' lines cannot interleave (`print` writes the text and its newline separately when
     Python runs unbuffered)."""
     os.write(1, f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} sees {os.environ.get('LAUNCH_MARK')} "
-                f"in {os.getcwd()} with {args[0]}\n".encode())
+                f"in {os.getcwd()} with {args[0]}, collecting garbage: {gc.isenabled()}\n".encode())
     os.write(2, f"rank {os.environ['RANK']} to stderr\n".encode())
     return 0
 
@@ -42,7 +44,8 @@ def test_each_launch_gives_its_ranks_its_environment_folder_and_output(tmp_path)
                 os.close(fd)
         assert succeeded and codes == [0, 0]
         lines = sorted(out.read_text().splitlines())
-        assert lines == [f"rank {r} of 2 sees {mark} in {folder} with args-{mark}" for r in (0, 1)], lines
+        assert lines == [f"rank {r} of 2 sees {mark} in {folder} with args-{mark}, collecting garbage: True"
+                         for r in (0, 1)], lines
         assert sorted(err.read_text().splitlines()) == ["rank 0 to stderr", "rank 1 to stderr"]
         forkservers.add(forkserver._forkserver._forkserver_pid)
     assert len(forkservers) == 1  # started by the first launch, reused by the second
