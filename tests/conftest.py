@@ -154,3 +154,7 @@ def pytest_collection_finish(session):
     worker: out of the garbage collector's full collections, which would otherwise walk it
     again and again while the in-process tests allocate (about 5% of their time)."""
     gc.freeze()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # the interpreter's last clean-up frees them (frozen, triton's bindings report leaks)

@@ -8,11 +8,14 @@ It also freezes the garbage collector's view of what the process holds by then (
 the modules of torch and this package, a few hundred thousand objects that live as long as
 the process. Python's full collections would otherwise walk them all again, many times a
 step (the dispatch of every DTensor op allocates); on a small model that walk was a tenth of
-a rank's CPU time. What the run allocates later is collected as before.
+a rank's CPU time. What the run allocates later is collected as before. They are unfrozen at
+exit, so the interpreter's last clean-up frees them as usual (frozen, triton's bindings report
+their objects as leaked).
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 from dataclasses import dataclass
 
@@ -60,6 +63,8 @@ def build_runtime(cfg: DictConfig) -> Runtime:
     process group and build the named mesh; a single process gets no mesh. Freezes the
     objects alive now out of the garbage collector's full collections (module docstring)."""
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however many runs this process makes
+    atexit.register(gc.unfreeze)
     device = resolve_device(cfg.trainer.device)
     par = cfg.trainer.parallelism
     layout = resolve_layout(launched_world_size(), par.data, par.tensor, par.ensemble)
