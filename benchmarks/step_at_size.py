@@ -184,6 +184,14 @@ class Mode:
         return counter.get_total_flops()
 
 
+def load_section(path: Path) -> dict:
+    """The `model:` section of the YAML file `path`, or exit with one line naming it."""
+    try:
+        return yaml.safe_load(path.read_text())["model"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        raise SystemExit(f"error: --section {path}: not a readable YAML file with a model: section")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -277,10 +285,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("deterministic", "fast") for m in modes) or len(set(modes)) != len(modes):
         raise SystemExit(f"error: --modes {args.modes!r}: deterministic,fast, fast or deterministic")
-    try:
-        section = yaml.safe_load(args.section.read_text())["model"]
-    except (OSError, yaml.YAMLError, TypeError, KeyError):
-        raise SystemExit(f"error: --section {args.section}: not a readable YAML file with a model: section")
+    section = load_section(args.section)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda: no CUDA GPU is visible")

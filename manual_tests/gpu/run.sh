@@ -23,14 +23,16 @@
 # determinism_<gpu>.md (nextgen_wxformer), determinism_<gpu>_wxformer.md,
 # determinism_<gpu>_crossformer.md, ensemble_<gpu>.md, kit_<gpu>.log (everything printed). Exit 0 when every step passed.
 #
-# --sizes: the kit at CREDIT's sizes, within 8 minutes: the kernel tests; benchmarks/gemm.py at
-# 4096^3 and at the projection shapes of CREDIT's 1-degree and 0.25-degree sections;
-# benchmarks/step_at_size.py, deterministic against fast steps of the three classes at the
-# 1-degree size (benchmarks/configs/wxformer_1deg.yml) with the fast step's MFU and one profiled
-# step per mode (time by operation family, host and GPU), and the fast
-# step's MFU at 0.25 degrees (its full 721 x 1440 grid, batch 1); benchmarks/determinism.py on
-# the default experiment. Files are named after the GPU and the commit: sizes_<gpu>_<commit>.md
-# (the report), .log, kernel_tests_, gemm_sizes_, step_1deg_, step_0.25deg_, determinism_.
+# --sizes: the kit at CREDIT's sizes, within 8 minutes, in this order: benchmarks/step_at_size.py,
+# deterministic against fast steps of the three classes at the 1-degree size
+# (benchmarks/configs/wxformer_1deg.yml) with the fast step's MFU and one profiled step per mode
+# (time by operation family, host and GPU), and the fast step's MFU at 0.25 degrees (its full
+# 721 x 1440 grid, batch 1); benchmarks/step_graphs.py, deterministic and fast steps whose
+# forward and backward replay a CUDA graph, at 1 degree (wxformer, crossformer; not in the dry
+# run); the kernel tests; benchmarks/gemm.py at 4096^3 and at the projection shapes of CREDIT's
+# 1-degree and 0.25-degree sections; benchmarks/determinism.py on the default experiment. Files are named after the GPU and the
+# commit: sizes_<gpu>_<commit>.md (the report), .log, kernel_tests_, gemm_sizes_, step_1deg_,
+# step_0.25deg_, step_graphs_1deg_, determinism_.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -114,8 +116,8 @@ report() {
         echo "Kernel tests: ${KERNEL_RESULT:-no closing line from pytest (not run, or see the log)}"
         echo
         if (( SIZES )); then
-            echo "Tables: gemm_sizes_$NAME.md, step_1deg_$NAME.md, step_0.25deg_$NAME.md, determinism_$NAME.md; the kernel tests' output: kernel_tests_$NAME.log; everything printed: sizes_$NAME.log."
-            for table in step_1deg step_0.25deg; do
+            echo "Tables: gemm_sizes_$NAME.md, step_1deg_$NAME.md, step_0.25deg_$NAME.md, step_graphs_1deg_$NAME.md, determinism_$NAME.md; the kernel tests' output: kernel_tests_$NAME.log; everything printed: sizes_$NAME.log."
+            for table in step_1deg step_0.25deg step_graphs_1deg; do
                 if [ -f "$OUT/${table}_$NAME.md" ]; then
                     echo
                     sed -n '/^| class/,/^$/p' "$OUT/${table}_$NAME.md"
@@ -307,11 +309,19 @@ if (( SIZES )); then  # the step figures first: a lease can end before the kerne
     step "benchmarks/step_at_size.py 0.25 degree, fast" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_at_size.py \
         --section "$SECTION_025DEG" --modes fast --device $DEVICE "${STEP_AT_SIZE[@]}" \
         --out "$OUT/step_0.25deg_$NAME.md"
-    step "benchmarks/determinism.py" "$SIZE_LIMIT" "$PYTHON" benchmarks/determinism.py --device $DEVICE \
-        --steps $DET_STEPS --out "$OUT/determinism_$NAME.md" "${EXPERIMENT[@]}"
+    if (( DRY_RUN )); then  # CUDA graphs: nothing to capture on a CPU
+        STEP_ROWS+=("| benchmarks/step_graphs.py 1 degree | not run: captures CUDA graphs, needs a GPU | 0 |")
+    else
+        step "benchmarks/step_graphs.py 1 degree" "$SIZE_LIMIT" "$PYTHON" benchmarks/step_graphs.py \
+            --section "$SECTION_1DEG" --models wxformer,crossformer "${STEP_AT_SIZE[@]}" \
+            --out "$OUT/step_graphs_1deg_$NAME.md"
+    fi
     kernel_tests
     sed -n '/^=== kernel tests (/,/^=== kernel tests:/p' "$LOG" > "$OUT/kernel_tests_$NAME.log"
     step "benchmarks/gemm.py" 150 "$PYTHON" benchmarks/gemm.py "${GEMM[@]}" --out "$OUT/gemm_sizes_$NAME.md"
+    # last: the default experiment's figure is on record, and a lease can end first
+    step "benchmarks/determinism.py" "$SIZE_LIMIT" "$PYTHON" benchmarks/determinism.py --device $DEVICE \
+        --steps $DET_STEPS --out "$OUT/determinism_$NAME.md" "${EXPERIMENT[@]}"
     report
     cat "$SUMMARY"
     if (( ${#FAILED[@]} )); then
