@@ -11,7 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-MISSING=(hydra-core omegaconf antlr4-python3-runtime netCDF4 cftime h5netcdf zarr numcodecs donfig google-crc32c)
+# zarr and its codecs (10 MiB) are left out: the kit's data is netCDF, and the checkout's
+# tracked files (49 MiB) leave the wheels about 15 of the 64 MiB a call carries
+MISSING=(hydra-core omegaconf antlr4-python3-runtime netCDF4 cftime h5netcdf)
 DEST=.whl
 LIMIT_MIB=64  # what the device tool carries with the working tree, at most
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -43,10 +45,16 @@ done
 size_mib=$(( ($(du -sb "$DEST" | cut -f1) + 1048575) / 1048576 ))
 echo "saved $(ls "$DEST" | wc -l) wheels, ${size_mib} MiB, in $DEST/:"
 ls "$DEST" | sed 's/^/  /'
-if (( size_mib > LIMIT_MIB )); then
-    echo "error: $DEST holds ${size_mib} MiB; the device tool carries ${LIMIT_MIB} MiB at most" >&2
+# what travels: the tracked files and the untracked ones git does not ignore, and the wheels
+tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null \
+    | tail -n 1 | cut -f1)
+tree_mib=$(( (tree_bytes + 1048575) / 1048576 ))
+if (( size_mib + tree_mib > LIMIT_MIB )); then
+    echo "error: $DEST holds ${size_mib} MiB and the working tree ${tree_mib} MiB; the device tool carries" \
+         "${LIMIT_MIB} MiB at most" >&2
     exit 1
 fi
+echo "with the working tree (${tree_mib} MiB): $(( size_mib + tree_mib )) of the ${LIMIT_MIB} MiB a call carries"
 echo
 echo 'carry: [".whl"]'
 # the device's copy of the tree may carry stale git metadata: name the commit in the command

@@ -187,7 +187,7 @@ install_kit() {
         --target "$SITE" . || return 1
     after=$(PYTHONPATH=$SITE "$PYTHON" -c "import torch; print(torch.__version__)")
     [ "$before" = "$after" ] || { echo "torch changed from $before to $after"; return 1; }
-    PYTHONPATH=$SITE "$PYTHON" -c "import credit, hydra, omegaconf, netCDF4, h5netcdf, zarr, numcodecs; print('imports ok')"
+    PYTHONPATH=$SITE "$PYTHON" -c "import credit, hydra, omegaconf, netCDF4, h5netcdf; print('imports ok')"
 }
 
 versions() {
