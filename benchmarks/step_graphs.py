@@ -145,7 +145,10 @@ def graph_rows(name: str, result: dict) -> list[str]:
 
     def bits(mode: str) -> str:
         probe = probes[mode]
-        return probe["error"] if probe["error"] else ("yes" if probe["same_bits"] else "**no**")
+        if probe["error"]:
+            return probe["error"]
+        # fast mode's kernels (atomics in some backward passes) need not repeat their bits
+        return "yes" if probe["same_bits"] else ("**no**" if mode == "deterministic" else "no")
 
     return [f"| {name} | {ms('fast')} | {ms('deterministic graph')} | {ms('fast graph')} | "
             f"{ratio('deterministic graph', 'fast')} | {ratio('deterministic graph', 'fast graph')} | "
@@ -156,7 +159,7 @@ def graph_rows(name: str, result: dict) -> list[str]:
 GRAPH_HEADER = [
     "| class | fast step (ms) | deterministic, graphed (ms) | fast, graphed (ms) | det graphed / fast | "
     "det graphed / fast graphed | fast peak (GiB) | det graphed peak (GiB) | fast graphed peak (GiB) | "
-    "deterministic: a replay's gradients equal eager ones | fast: the same |",
+    "deterministic: a replay's gradients equal eager ones | fast: the same (not promised) |",
     "|" + " --- |" * 11,
 ]
 

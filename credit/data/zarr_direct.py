@@ -22,7 +22,6 @@ import math
 import os
 from pathlib import Path
 
-import numcodecs
 import numpy as np
 
 from .catalog import DataError
@@ -62,6 +61,8 @@ class ZarrChunks:
         if not plain:
             return None
         compressor = meta.get("compressor")
+        import numcodecs  # here, not at import: only zarr data needs it (and the GPU kit carries no zarr stack)
+
         try:
             codec = numcodecs.get_codec(dict(compressor)) if compressor else None
         except (ValueError, TypeError, KeyError):  # a codec numcodecs does not know

@@ -125,3 +125,26 @@ def test_sizes_dry_run_writes_every_table_named_after_the_commit(tmp_path, pytho
     assert "| fast step (ms) |" in quarter and "deterministic step" not in quarter
     gemm = (out / f"gemm_sizes_{name}.md").read_text()
     assert "det forward as one chain over K (`--whole-k`)" in gemm and "## backend cpu on" in gemm
+
+
+def test_the_kit_runs_without_the_packages_it_does_not_carry(tmp_path):
+    """prepare.sh carries no zarr stack (the tracked tree leaves the wheels ~15 of the 64 MiB a
+    device call carries): the kit's modules import, and make a dataset, without zarr and
+    numcodecs, which only zarr data needs."""
+    carried = (REPO / "manual_tests/gpu/prepare.sh").read_text()
+    assert "zarr" not in carried.split("MISSING=(")[1].split(")")[0]
+    code = (
+        "import sys\n"
+        "for name in ('zarr', 'numcodecs', 'donfig', 'google_crc32c'):\n"
+        "    sys.modules[name] = None  # import of it raises ImportError\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import credit.cli, credit.train.trainer, credit.interop.checkpoint_import, step_at_size, step_graphs, gemm\n"
+        "from credit.data.generate import generate_dataset\n"
+        "out = generate_dataset(sys.argv[1], grid=(8, 16), years=(2000,), levels=(500,), days_per_year=2,\n"
+        "                       progress=False)\n"
+        "assert sorted(p.suffix for p in out.rglob('*.nc')) and not list(out.rglob('*.zarr'))\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
