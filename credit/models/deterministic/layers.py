@@ -4,8 +4,11 @@ Same parameters and state-dict keys as the torch layers they subclass (checkpoin
 between modes), different arithmetic: every reduction over the batch (weight and bias
 gradients) is the GEMM's row tree with each sample's rows padded to whole 32-row leaves, so
 a batch split at sample boundaries is a split of that tree, and every forward row is
-computed alone (batch invariance). Hand-written because torch's convolutions (oneDNN) pick
-their reduction order by shape.
+computed alone (batch invariance). No tensor-parallel plan shards a convolution, so its
+forward K (C_in·kh·kw) and its input gradient's N (C_out) are whole reductions (`WHOLE`:
+one MMA chain on the triton backend, docs/kernels.md); its weight and bias gradients keep
+the row tree that data-parallel splits need. Hand-written because torch's convolutions
+(oneDNN) pick their reduction order by shape.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from credit.models.deterministic.norms import channel_affine
 from credit.models.deterministic.slabs import fits, slab_conv2d
 
 _BACKEND = "auto"
+WHOLE = (True, True)
+"""A convolution's (forward K, input-gradient N): never cut by a tensor-parallel split."""
 
 
 class ConvGeometry(NamedTuple):
@@ -49,7 +54,8 @@ def _matrix_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     input gradient the convolution of its output gradient (`det_conv.input_grad_is_a_convolution`)."""
     stride_one = det_conv.input_grad_is_a_convolution(geometry)
     if not fits(x, weight, geometry):  # the same bits a slab at a time (slabs.py)
-        return slab_conv2d(x, weight, bias, geometry, _adjoint(geometry) if stride_one else None)
+        return slab_conv2d(x, weight, bias, geometry, _adjoint(geometry) if stride_one else None,
+                           backend=_BACKEND)
     if stride_one:
         return _StrideOneConv2d.apply(x, weight, bias, geometry)
     return _unfolded_conv2d(x, weight, bias, geometry)
@@ -69,7 +75,8 @@ def _unfolded_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
                     stride=geometry.stride)
-    y = linear_local(cols.transpose(1, 2), weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b)
+    y = linear_local(cols.transpose(1, 2), weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b,
+                     whole=WHOLE)
     # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
     return y.transpose(1, 2).reshape(b, weight.shape[0], ho, wo).contiguous()
 
@@ -143,7 +150,7 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
         b, c_in, h, w = x.shape
         kh, kw = self.kernel_size
         weight = self.weight.reshape(c_in, -1).t()  # (C_out * kh * kw, C_in)
-        y = linear_local(x.permute(0, 2, 3, 1), weight, None, _BACKEND, groups=b)
+        y = linear_local(x.permute(0, 2, 3, 1), weight, None, _BACKEND, groups=b, whole=WHOLE)
         if self.kernel_size != self.stride:
             size = tuple(n * s for n, s in zip((h, w), self.stride))
             y = F.fold(y.reshape(b, h * w, -1).transpose(1, 2), size, self.kernel_size,

@@ -1,9 +1,10 @@
 """The im2col convolution of deterministic mode in bounded memory: slabs of output rows.
 
 The definition (`layers._unfolded_conv2d`, the path of every backend but the CPU's gather
-kernels): each output is its im2col row times the weight by the fixed-tree GEMM, the weight
-gradient is the GEMM's row tree over each sample's positions padded to whole leaves, and the
-input gradient is the patch gradients folded in col2im's order. Its im2col matrix grows with
+kernels): each output is its im2col row times the weight by the GEMM (K a whole reduction:
+`layers.WHOLE`), the weight gradient is the GEMM's row tree over each sample's positions
+padded to whole leaves, and the input gradient is the patch gradients folded in col2im's
+order. Its im2col matrix grows with
 the kernel's area: CREDIT's 1-degree cross-embedding (79 channels, a 32 x 32 kernel, 128 x 256
 outputs) makes one of 10.6 GB in fp32, which autograd kept for backward beside its gradient
 (the deterministic step peaked at 13.5x the fast one's memory on an H200).
@@ -62,12 +63,13 @@ class _Slabs:
                         stride=(self.sh, self.sw))
         return cols.transpose(1, 2)
 
-    def forward(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                backend: str) -> torch.Tensor:
         y = xp.new_empty((self.b, self.c_out, self.ho, self.wo))
         w2 = weight.reshape(self.c_out, -1)
         for r0 in range(0, self.ho, self.rows):
             r1 = min(self.ho, r0 + self.rows)
-            part = linear_local(self.patches(xp, r0, r1), w2, bias, "auto")
+            part = linear_local(self.patches(xp, r0, r1), w2, bias, backend, whole=(True, True))
             y[:, :, r0:r1] = part.transpose(1, 2).reshape(self.b, self.c_out, r1 - r0, self.wo)
         return y
 
@@ -88,7 +90,7 @@ class _Slabs:
             if r_lo >= r_hi:
                 continue  # rows no patch reaches keep a zero gradient
             rows = g_rows[:, r_lo * self.wo:r_hi * self.wo].reshape(-1, self.c_out)
-            cols = _mm(rows, w2, backend, g_rows.dtype)  # the tree over C_out, as the definition's
+            cols = _mm(rows, w2, backend, g_rows.dtype, whole=True)  # over C_out, as the definition's
             top, span = r_lo * self.sh, (r_hi - 1 - r_lo) * self.sh + reach + 1
             folded = F.fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, self.wp), (self.kh, self.kw),
                             dilation=(self.dh, self.dw), stride=(self.sh, self.sw))
@@ -137,19 +139,20 @@ class _SlabConv2d(torch.autograd.Function):
     """The definition's convolution, forward and backward, a slab at a time."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, geometry, adjoint, budget):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, geometry, adjoint, budget, backend):  # type: ignore[override]
         slabs = _Slabs(x, weight.shape[0], geometry, budget)
         xp = F.pad(x, (slabs.pw, slabs.pw, slabs.ph, slabs.ph))
         ctx.save_for_backward(x, weight)
         ctx.slabs, ctx.has_bias, ctx.adjoint, ctx.budget = slabs, bias is not None, adjoint, budget
-        return slabs.forward(xp, weight, bias)
+        ctx.backend = resolve(backend, x.device)
+        return slabs.forward(xp, weight, bias, ctx.backend)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
         x, weight = ctx.saved_tensors
         slabs = ctx.slabs
-        backend = resolve("auto", x.device)
+        backend = ctx.backend
         g = grad.to(x.dtype)
         # the GEMM's rows: (sample, position), channels last
         g_rows = g.reshape(slabs.b, slabs.c_out, -1).transpose(1, 2).contiguous()
@@ -158,7 +161,7 @@ class _SlabConv2d(torch.autograd.Function):
             adjoint = ctx.adjoint
             gp = F.pad(g, (adjoint.padding[1],) * 2 + (adjoint.padding[0],) * 2)
             w_adj = adjoint_weight(weight)
-            gx = _Slabs(g, w_adj.shape[0], adjoint, ctx.budget).forward(gp, w_adj, None)
+            gx = _Slabs(g, w_adj.shape[0], adjoint, ctx.budget).forward(gp, w_adj, None, backend)
         elif ctx.needs_input_grad[0]:
             gx = slabs.input_grad(g_rows, weight, backend)
         if ctx.needs_input_grad[1]:
@@ -166,13 +169,13 @@ class _SlabConv2d(torch.autograd.Function):
             gw = slabs.weight_grad(xp, g_rows, backend).to(x.dtype).view(weight.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(g_rows.view(-1, slabs.c_out), slabs.b, backend, x.dtype)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 def slab_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry,
-                adjoint=None, budget: int = SLAB_BYTES) -> torch.Tensor:
+                adjoint=None, budget: int = SLAB_BYTES, backend: str = "auto") -> torch.Tensor:
     """The matrix path's convolution and gradients, bitwise, holding at most `budget` bytes
     of im2col rows at a time. `adjoint`: the geometry whose convolution of g by the flipped,
     transposed weight defines dx (`layers._StrideOneConv2d`); None: dx is the patch
     gradients folded in col2im's order (`layers._unfolded_conv2d`)."""
-    return _SlabConv2d.apply(x, weight, bias, geometry, adjoint, budget)
+    return _SlabConv2d.apply(x, weight, bias, geometry, adjoint, budget, backend)
