@@ -159,6 +159,41 @@ def family_times(events, clock: str = "host") -> dict[str, float]:
     return times
 
 
+def kernel_times(events) -> dict[str, tuple[float, int]]:
+    """(milliseconds, launches) per GPU kernel name over a profiler's `events()`: what the
+    device ran, with no attribution to ops (Triton's kernels have no aten op to link to)."""
+    totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for event in events:
+        if event.device_type != DeviceType.CPU and event.self_device_time_total:
+            entry = totals[event.name]
+            entry[0] += event.self_device_time_total / 1e3
+            entry[1] += 1
+    return {name: (ms, count) for name, (ms, count) in totals.items()}
+
+
+def kernel_table(det: dict[str, tuple[float, int]], fast: dict[str, tuple[float, int]], top: int = 15) -> list[str]:
+    """Markdown rows: each mode's `top` kernels by time, side by side, and each mode's total."""
+    def ranked(times: dict[str, tuple[float, int]]) -> list[tuple[str, float, int]]:
+        return sorted(((name, ms, n) for name, (ms, n) in times.items()), key=lambda row: -row[1])[:top]
+
+    def short(name: str) -> str:
+        return name.replace("|", "/")[:70]
+
+    lines = ["| rank | deterministic kernel | ms | launches | fast kernel | ms | launches |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    left, right = ranked(det), ranked(fast)
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else ("", None, None)
+        b = right[i] if i < len(right) else ("", None, None)
+        cells = [str(i + 1), short(a[0]), "" if a[1] is None else f"{a[1]:.1f}", "" if a[2] is None else str(a[2]),
+                 short(b[0]), "" if b[1] is None else f"{b[1]:.1f}", "" if b[2] is None else str(b[2])]
+        lines.append("| " + " | ".join(cells) + " |")
+    total = [sum(ms for ms, _ in t.values()) for t in (det, fast)]
+    launches = [sum(n for _, n in t.values()) for t in (det, fast)]
+    lines.append(f"| **all kernels** | | {total[0]:.1f} | {launches[0]} | | {total[1]:.1f} | {launches[1]} |")
+    return lines
+
+
 def _classify(event, by_sequence: dict[int, str]) -> str:
     lowered = event.name.lower()
     if any(name in lowered for name in _COLLECTIVE_NAMES):
@@ -210,4 +245,5 @@ def table(det: dict[str, float], fast: dict[str, float]) -> list[str]:
     return lines
 
 
-__all__ = ["FAMILIES", "UNLINKED", "family_ranges", "family_times", "merge", "profile_step", "table", "torch"]
+__all__ = ["FAMILIES", "UNLINKED", "family_ranges", "family_times", "kernel_table", "kernel_times", "merge",
+           "profile_step", "table", "torch"]

@@ -158,19 +158,22 @@ class Mode:
         self.step()
         return self.held_bytes() + torch.cuda.max_memory_allocated(device) - base
 
-    def profiled(self) -> dict[str, dict[str, float]]:
+    def profiled(self) -> dict[str, dict]:
         """One step under torch.profiler: milliseconds by operation family (op_families.py),
-        "host" (self CPU time) and, on a GPU, "device" (kernel time)."""
+        "host" (self CPU time) and, on a GPU, "device" (kernel time) and "kernels" ((ms,
+        launches) per kernel name, unattributed)."""
         from torch.profiler import ProfilerActivity, profile
 
-        from op_families import family_ranges, family_times
+        from op_families import family_ranges, family_times, kernel_times
 
         cuda = self.batch["state"].device.type == "cuda"
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
         with family_ranges(self), profile(activities=activities) as prof:
             self.step()
         events = prof.events()
-        return {"host": family_times(events), **({"device": family_times(events, "device")} if cuda else {})}
+        if not cuda:
+            return {"host": family_times(events)}
+        return {"host": family_times(events), "device": family_times(events, "device"), "kernels": kernel_times(events)}
 
     def flops(self) -> int:
         """FLOPs of one forward and backward, counted by torch's FlopCounterMode."""
@@ -265,6 +268,11 @@ def family_tables(name: str, families: dict[str, list], modes: list[str], profil
             lines += [f"| family | {modes[0]} (ms) |", "| --- | --- |",
                       *(f"| {family} | {ms:.1f} |" for family, ms in only.items()),
                       f"| **total (profiled)** | {sum(only.values()):.1f} |"]
+    if len(modes) == 2 and "kernels" in families[modes[0]][0]:
+        from op_families import kernel_table
+
+        lines += ["", f"## {name}: GPU kernels of the first profiled step per mode, by time (no attribution)", ""]
+        lines += kernel_table(families["deterministic"][0]["kernels"], families["fast"][0]["kernels"])
     return lines
 
 
