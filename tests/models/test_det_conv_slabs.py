@@ -80,3 +80,36 @@ def test_a_large_convolution_takes_the_slab_path():
     weight = torch.empty(4, 79, 32, 32, device="meta")
     assert not fits(x, weight, geometry)
     assert fits(torch.empty(1, 79, 16, 16, device="meta"), weight, geometry)
+
+
+def test_a_tall_kernel_folds_its_input_gradient_in_columns_too():
+    """A 16 x 16 kernel at stride 2 on a wide grid: a slab one patch high needs the patch
+    gradients of every output row that reaches it, across the grid (1.7 MB), over the budget;
+    its columns are then slabbed as well, so no patch-gradient block passes the budget, with
+    the definition's bits."""
+    from credit.models.deterministic import slabs as slab_module
+
+    geometry = ConvGeometry((16, 16), (2, 2), (7, 7), (1, 1))
+    x = torch.randn(1, 3, 20, 120)
+    weight = torch.randn(4, 3, 16, 16) * 0.1
+    bias = torch.randn(4)
+    budget = 1_000_000  # bytes; one output row's patches (57 positions x 768 x 4 bytes): 175 KB
+    blocks = []
+    real_mm = slab_module._mm
+
+    def recording_mm(a, b, backend, out_dtype, whole=False):
+        out = real_mm(a, b, backend, out_dtype, whole)
+        if whole and b.shape[0] == weight.shape[0]:  # patch gradients: rows @ W over C_out
+            blocks.append(out.numel() * out.element_size())
+        return out
+
+    definition = _run(lambda a, w, b: _matrix_conv2d(a, w, b, geometry), x, weight, bias, upstream_seed=3)
+    slab_module._mm = recording_mm
+    try:
+        sliced = _run(lambda a, w, b: slab_conv2d(a, w, b, geometry, None, budget=budget), x, weight, bias,
+                      upstream_seed=3)
+    finally:
+        slab_module._mm = real_mm
+    for what, a, b in zip(("output", "dx", "dW", "db"), definition, sliced):
+        _same_bits(a, b, what)
+    assert len(blocks) > 1 and max(blocks) <= budget, blocks

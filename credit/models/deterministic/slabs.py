@@ -17,8 +17,10 @@ input is kept for backward (its patches are unfolded again):
   its rows and the halves added in fp32, exactly as the tree adds them;
 - input gradient: each slab of input rows is folded from every output row whose patches
   reach it, so each pixel sums the same terms in col2im's order. A slab is at least one
-  patch high, so its patch gradients may exceed `budget` for a tall kernel (32 rows at
-  stride 2: 32 output rows at a time).
+  patch high (a 32-row kernel at stride 2: 32 output rows at a time), so where those rows'
+  patch gradients pass `budget` (CREDIT's 1-degree cross-embedding, when its input needs a
+  gradient: 2.1 GB, in nextgen_wxformer) the slab is cut into columns the same way, at
+  least a patch wide.
 The bits equal the definition's on every backend (tests/models/test_det_conv_slabs.py).
 Hand-written because torch has no convolution with a caller-fixed reduction order.
 """
@@ -50,6 +52,7 @@ class _Slabs:
         self.wo = (self.wp - self.dw * (self.kw - 1) - 1) // self.sw + 1
         self.k = self.c_in * self.kh * self.kw
         self.c_out = c_out
+        self.budget, self.elem = budget, x.element_size()
         row_bytes = self.wo * self.k * x.element_size()  # one output row's patches, one sample
         self.rows = max(1, budget // max(1, row_bytes * self.b))  # output rows a slab holds
         self.leaf_rows = max(1, budget // max(1, self.k * x.element_size()))  # GEMM rows a subtree holds
@@ -75,29 +78,53 @@ class _Slabs:
 
     def input_grad(self, g_rows: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
         """dx from g's rows (samples, ho x wo, C_out): slabs of padded input rows, each folded
-        from all the output rows that reach it."""
-        reach = self.dh * (self.kh - 1)  # input rows a patch spans, less one
+        from all the output rows that reach it, and where one such slab's patch gradients pass
+        the budget (a tall kernel on a wide grid), slabs of its columns likewise."""
+        reach, reach_w = self.dh * (self.kh - 1), self.dw * (self.kw - 1)  # a patch's span, less one
         # input rows a slab folds: at least a patch's height, so each patch gradient is computed
         # at most about twice (a slab needs every output row whose patch reaches it; a 32-row
         # kernel at stride 2 would otherwise recompute each 16 times)
         height = max((self.rows - 1) * self.sh - reach + 1, reach + 1)
+        width = self._fold_width(height, reach, reach_w)
         w2 = weight.reshape(self.c_out, -1)
+        g_grid = g_rows.view(self.b, self.ho, self.wo, self.c_out)
         gxp = g_rows.new_zeros((self.b, self.c_in, self.hp, self.wp))
         for i0 in range(0, self.hp, height):
             i1 = min(self.hp, i0 + height)
-            r_lo = max(0, -(-(i0 - reach) // self.sh))
-            r_hi = min(self.ho, (i1 - 1) // self.sh + 1)
-            if r_lo >= r_hi:
-                continue  # rows no patch reaches keep a zero gradient
-            rows = g_rows[:, r_lo * self.wo:r_hi * self.wo].reshape(-1, self.c_out)
-            cols = _mm(rows, w2, backend, g_rows.dtype, whole=True)  # over C_out, as the definition's
-            top, span = r_lo * self.sh, (r_hi - 1 - r_lo) * self.sh + reach + 1
-            folded = F.fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, self.wp), (self.kh, self.kw),
-                            dilation=(self.dh, self.dw), stride=(self.sh, self.sw))
-            # rows between patches (stride > kernel) or past the last keep a zero gradient
-            start, end = max(i0, top), min(i1, top + span)
-            gxp[:, :, start:end] = folded[:, :, start - top:end - top]
+            r_lo, r_hi = self._reaching(i0, i1, reach, self.sh, self.ho)
+            for j0 in range(0, self.wp, width):
+                j1 = min(self.wp, j0 + width)
+                c_lo, c_hi = self._reaching(j0, j1, reach_w, self.sw, self.wo)
+                if r_lo >= r_hi or c_lo >= c_hi:
+                    continue  # pixels no patch reaches keep a zero gradient
+                rows = g_grid[:, r_lo:r_hi, c_lo:c_hi].reshape(-1, self.c_out)
+                cols = _mm(rows, w2, backend, g_rows.dtype, whole=True)  # over C_out, as the definition's
+                top, span = r_lo * self.sh, (r_hi - 1 - r_lo) * self.sh + reach + 1
+                left, span_w = c_lo * self.sw, (c_hi - 1 - c_lo) * self.sw + reach_w + 1
+                folded = F.fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, span_w), (self.kh, self.kw),
+                                dilation=(self.dh, self.dw), stride=(self.sh, self.sw))
+                # each pixel sums the patches that cover it, all inside this rectangle, in
+                # col2im's order; rows and columns between patches or past the last stay zero
+                start, end = max(i0, top), min(i1, top + span)
+                first, last = max(j0, left), min(j1, left + span_w)
+                if start < end and first < last:
+                    gxp[:, :, start:end, first:last] = folded[:, :, start - top:end - top, first - left:last - left]
         return gxp[:, :, self.ph:self.ph + self.h, self.pw:self.pw + self.w]
+
+    @staticmethod
+    def _reaching(i0: int, i1: int, reach: int, stride: int, outputs: int) -> tuple[int, int]:
+        """The outputs [lo, hi) along one dimension whose patches reach input positions [i0, i1)."""
+        return max(0, -(-(i0 - reach) // stride)), min(outputs, (i1 - 1) // stride + 1)
+
+    def _fold_width(self, height: int, reach: int, reach_w: int) -> int:
+        """Input columns a fold slab spans: all of them while the patch gradients of `height`
+        rows fit the budget, else as many as fit, at least a patch's width."""
+        out_rows = min(self.ho, (height + reach - 1) // self.sh + 1)
+        per_column = self.b * out_rows * self.k * self.elem
+        columns = self.budget // max(1, per_column)  # output columns whose patch gradients fit
+        if columns >= self.wo:
+            return self.wp
+        return max((columns - 1) * self.sw - reach_w + 1, reach_w + 1)
 
     def weight_grad(self, xp: torch.Tensor, g_rows: torch.Tensor, backend: str) -> torch.Tensor:
         """dW (C_out, K): the row tree over the samples' positions, each sample padded to
