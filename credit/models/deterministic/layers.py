@@ -25,7 +25,7 @@ from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic import conv as det_conv
 from credit.models.deterministic import conv_transpose as det_conv_transpose
 from credit.models.deterministic.norms import channel_affine
-from credit.models.deterministic.slabs import fits, slab_conv2d
+from credit.models.deterministic.slabs import convolution_in_slabs, fits, patch_rows, slab_conv2d
 
 _BACKEND = "auto"
 WHOLE = (True, True)
@@ -68,15 +68,19 @@ def _adjoint(geometry) -> ConvGeometry:
 
 def _unfolded_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry) -> torch.Tensor:
     """im2col rows times the GEMM; autograd through the unfold gives dx as patch gradients
-    folded in col2im's order."""
+    folded in col2im's order. Where no gradient flows back through it (a custom function's
+    forward or backward), the rows are copied once from a strided view instead (F.unfold and
+    the GEMM's contiguous copy of its transpose held two im2col matrices): the same values."""
     b, _, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
-                    stride=geometry.stride)
-    y = linear_local(cols.transpose(1, 2), weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b,
-                     whole=WHOLE)
+    if torch.is_grad_enabled() and x.requires_grad:
+        cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
+                        stride=geometry.stride).transpose(1, 2)
+    else:
+        cols = patch_rows(x, weight.shape[0], geometry).view(b, ho * wo, -1)
+    y = linear_local(cols, weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b, whole=WHOLE)
     # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
     return y.transpose(1, 2).reshape(b, weight.shape[0], ho, wo).contiguous()
 
@@ -103,14 +107,14 @@ class _StrideOneConv2d(torch.autograd.Function):
         # the GEMM's rows: (sample, position), channels last
         rows = g.reshape(b, c_out, -1).transpose(1, 2).reshape(-1, c_out)
         if ctx.needs_input_grad[1]:
-            cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
-                            stride=geometry.stride)
-            cols = cols.transpose(1, 2).reshape(rows.shape[0], -1)
+            # F.unfold's columns, copied once from a strided view of the padded input (unfold
+            # and the transposed copy held two im2col matrices)
+            cols = patch_rows(x, c_out, geometry)
             gw = grouped_weight_grad(rows, cols, b, backend, x.dtype).view(weight.shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = row_sum(rows, b, backend, x.dtype)
-        if ctx.needs_input_grad[0]:
-            gx = _unfolded_conv2d(g, det_conv.adjoint_weight(weight), None, _adjoint(geometry))
+        if ctx.needs_input_grad[0]:  # a slab at a time where g's im2col rows pass the budget
+            gx = convolution_in_slabs(g, det_conv.adjoint_weight(weight), _adjoint(geometry), backend)
         return gx, gw, gb, None
 
 

@@ -57,14 +57,20 @@ class _Slabs:
         self.rows = max(1, budget // max(1, row_bytes * self.b))  # output rows a slab holds
         self.leaf_rows = max(1, budget // max(1, self.k * x.element_size()))  # GEMM rows a subtree holds
 
+    def patch_view(self, xp: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+        """(samples, r1 - r0, wo, C_in, kh, kw): the patches of output rows r0 .. r1 - 1 as a
+        strided view of the contiguous zero-padded input `xp` (no copy; flattened over
+        (C_in, kh, kw) these are F.unfold's columns, in its order)."""
+        s_b, s_c, s_h, s_w = xp.stride()
+        return xp.as_strided((xp.shape[0], r1 - r0, self.wo, self.c_in, self.kh, self.kw),
+                             (s_b, self.sh * s_h, self.sw * s_w, s_c, self.dh * s_h, self.dw * s_w),
+                             xp.storage_offset() + r0 * self.sh * s_h)
+
     def patches(self, xp: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
         """(samples, (r1 - r0) x wo, K): the im2col rows of output rows r0 .. r1 - 1 of the
-        zero-padded input `xp`."""
-        top = r0 * self.sh
-        bottom = (r1 - 1) * self.sh + self.dh * (self.kh - 1) + 1
-        cols = F.unfold(xp[:, :, top:bottom], (self.kh, self.kw), dilation=(self.dh, self.dw),
-                        stride=(self.sh, self.sw))
-        return cols.transpose(1, 2)
+        zero-padded input `xp`, copied once from the strided view (F.unfold and its transpose
+        held two copies)."""
+        return self.patch_view(xp, r0, r1).reshape(xp.shape[0], (r1 - r0) * self.wo, self.k)
 
     def forward(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 backend: str) -> torch.Tensor:
@@ -133,6 +139,9 @@ class _Slabs:
         padded = -(-positions // LEAF) * LEAF
         leaves = self.b * padded // LEAF
 
+        view = self.patch_view(xp, 0, self.ho)  # (samples, ho, wo, C_in, kh, kw), no copy
+        block = (self.c_in, self.kh, self.kw)
+
         def rows_of(q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:
             g = g_rows.new_zeros((q1 - q0, self.c_out))
             cols = xp.new_zeros((q1 - q0, self.k))
@@ -140,10 +149,22 @@ class _Slabs:
                 p0, p1 = max(q0 - s * padded, 0), min(q1 - s * padded, positions)
                 if p0 >= p1:
                     continue  # padding rows only
-                r0, r1 = p0 // self.wo, -(-p1 // self.wo)
                 at = s * padded + p0 - q0
                 g[at:at + p1 - p0] = g_rows[s, p0:p1]
-                cols[at:at + p1 - p0] = self.patches(xp[s:s + 1], r0, r1)[0, p0 - r0 * self.wo:p1 - r0 * self.wo]
+                # positions p0 .. p1 - 1 copied straight from the view into cols: a partial
+                # first output row, whole rows, a partial last row
+                p = p0
+                while p < p1:
+                    r, c = divmod(p, self.wo)
+                    start = at + p - p0
+                    if c == 0 and p1 - p >= self.wo:  # whole output rows
+                        n_rows = (p1 - p) // self.wo
+                        cols[start:start + n_rows * self.wo].view(n_rows, self.wo, *block).copy_(view[s, r:r + n_rows])
+                        p += n_rows * self.wo
+                    else:
+                        n = min(self.wo - c, p1 - p)
+                        cols[start:start + n].view(n, *block).copy_(view[s, r, c:c + n])
+                        p += n
             return g, cols
 
         def subtree(lo: int, hi: int) -> torch.Tensor:
@@ -154,6 +175,23 @@ class _Slabs:
             return subtree(lo, mid) + subtree(mid, hi)
 
         return subtree(0, leaves)
+
+
+def patch_rows(x: torch.Tensor, c_out: int, geometry) -> torch.Tensor:
+    """(samples x positions, K): every im2col row of `x` (F.unfold's, transposed), one copy."""
+    slabs = _Slabs(x, c_out, geometry, SLAB_BYTES)
+    xp = F.pad(x, (slabs.pw, slabs.pw, slabs.ph, slabs.ph))
+    return slabs.patches(xp, 0, slabs.ho).reshape(-1, slabs.k)
+
+
+def convolution_in_slabs(x: torch.Tensor, weight: torch.Tensor, geometry, backend: str,
+                         budget: int = SLAB_BYTES) -> torch.Tensor:
+    """The definition's forward convolution of `x` (no bias, no autograd), slabs of output rows
+    of at most `budget` im2col bytes (one slab where all fit): a stride-1 convolution's dx, the
+    convolution of g, whose im2col rows can pass the budget where x's did not (C_out > C_in)."""
+    slabs = _Slabs(x, weight.shape[0], geometry, budget)
+    xp = F.pad(x, (slabs.pw, slabs.pw, slabs.ph, slabs.ph))
+    return slabs.forward(xp, weight, None, resolve(backend, x.device))
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, geometry, budget: int = SLAB_BYTES) -> bool:
@@ -186,9 +224,7 @@ class _SlabConv2d(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0] and ctx.adjoint is not None:  # dx defined as a convolution of g
             adjoint = ctx.adjoint
-            gp = F.pad(g, (adjoint.padding[1],) * 2 + (adjoint.padding[0],) * 2)
-            w_adj = adjoint_weight(weight)
-            gx = _Slabs(g, w_adj.shape[0], adjoint, ctx.budget).forward(gp, w_adj, None, backend)
+            gx = convolution_in_slabs(g, adjoint_weight(weight), adjoint, backend, ctx.budget)
         elif ctx.needs_input_grad[0]:
             gx = slabs.input_grad(g_rows, weight, backend)
         if ctx.needs_input_grad[1]:
