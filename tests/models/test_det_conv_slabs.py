@@ -113,3 +113,32 @@ def test_a_tall_kernel_folds_its_input_gradient_in_columns_too():
     for what, a, b in zip(("output", "dx", "dW", "db"), definition, sliced):
         _same_bits(a, b, what)
     assert len(blocks) > 1 and max(blocks) <= budget, blocks
+
+
+@pytest.mark.parametrize("path", ["definition", "slabs"])
+def test_the_input_gradient_holds_a_storage_of_its_own_size(path):
+    """A folded input gradient is made in a tensor of x's size: col2im makes its output like
+    its columns and then shrinks it, so a gradient taken straight from F.fold would keep an
+    im2col matrix's storage alive (1.2 GB for CREDIT's 1-degree cross-embedding) for as long
+    as autograd holds it."""
+    geometry = ConvGeometry((8, 8), (2, 2), (3, 3), (1, 1))
+    x = torch.randn(2, 3, 24, 32, requires_grad=True)
+    weight = torch.randn(4, 3, 8, 8, requires_grad=True)
+    if path == "definition":
+        y = _matrix_conv2d(x, weight, None, geometry)
+    else:
+        y = slab_conv2d(x, weight, None, geometry, None, budget=4096)
+    y.backward(torch.ones_like(y))
+    assert x.grad.untyped_storage().nbytes() == x.numel() * x.element_size()
+
+
+def test_fold_is_f_fold_bitwise_in_a_tensor_of_its_own_size():
+    from torch.nn import functional as F
+
+    from credit.models.deterministic.slabs import fold
+
+    cols = torch.randn(2, 5 * 4 * 3, 10 * 11)  # (20 + 2 - 4) // 2 + 1 rows, (11 + 4 - 5) + 1 columns
+    args = dict(kernel_size=(4, 3), dilation=(1, 2), padding=(1, 2), stride=(2, 1))
+    ours = fold(cols, (20, 11), args["kernel_size"], args["dilation"], args["padding"], args["stride"])
+    _same_bits(ours, F.fold(cols, (20, 11), **args), "fold")
+    assert ours.untyped_storage().nbytes() == ours.numel() * ours.element_size()

@@ -25,7 +25,7 @@ from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic import conv as det_conv
 from credit.models.deterministic import conv_transpose as det_conv_transpose
 from credit.models.deterministic.norms import channel_affine
-from credit.models.deterministic.slabs import convolution_in_slabs, fits, patch_rows, slab_conv2d
+from credit.models.deterministic.slabs import convolution_in_slabs, fits, fold, patch_rows, slab_conv2d
 
 _BACKEND = "auto"
 WHOLE = (True, True)
@@ -76,13 +76,45 @@ def _unfolded_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if torch.is_grad_enabled() and x.requires_grad:
-        cols = F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
-                        stride=geometry.stride).transpose(1, 2)
+        cols = _Unfold.apply(x, geometry).transpose(1, 2)
     else:
         cols = patch_rows(x, weight.shape[0], geometry).view(b, ho * wo, -1)
     y = linear_local(cols, weight.reshape(weight.shape[0], -1), bias, _BACKEND, groups=b, whole=WHOLE)
     # contiguous NCHW: torch picks other kernels (by batch size) for channels-last inputs
     return y.transpose(1, 2).reshape(b, weight.shape[0], ho, wo).contiguous()
+
+
+class _Unfold(torch.autograd.Function):
+    """F.unfold, and its gradient folded in col2im's order into a tensor of x's size (autograd's
+    own fold would hand back a gradient holding an im2col matrix's storage: `slabs.fold`)."""
+
+    @staticmethod
+    def forward(ctx, x, geometry):  # type: ignore[override]
+        ctx.geometry, ctx.size = geometry, x.shape[-2:]
+        return F.unfold(x, geometry.kernel_size, dilation=geometry.dilation, padding=geometry.padding,
+                        stride=geometry.stride)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        g = ctx.geometry
+        return fold(grad, tuple(ctx.size), g.kernel_size, g.dilation, g.padding, g.stride), None
+
+
+class _Fold(torch.autograd.Function):
+    """`slabs.fold` (F.fold's bits in a tensor of its own size), with F.fold's gradient: the
+    im2col of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, cols, size, kernel_size, padding, stride):  # type: ignore[override]
+        ctx.args = kernel_size, padding, stride
+        return fold(cols, size, kernel_size, (1, 1), padding, stride)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        kernel_size, padding, stride = ctx.args
+        return F.unfold(grad, kernel_size, padding=padding, stride=stride), None, None, None, None
 
 
 class _StrideOneConv2d(torch.autograd.Function):
@@ -157,8 +189,8 @@ class DetConvTranspose2d(nn.ConvTranspose2d):
         y = linear_local(x.permute(0, 2, 3, 1), weight, None, _BACKEND, groups=b, whole=WHOLE)
         if self.kernel_size != self.stride:
             size = tuple(n * s for n, s in zip((h, w), self.stride))
-            y = F.fold(y.reshape(b, h * w, -1).transpose(1, 2), size, self.kernel_size,
-                       padding=self.padding, stride=self.stride).permute(0, 2, 3, 1)
+            y = _Fold.apply(y.reshape(b, h * w, -1).transpose(1, 2), size, self.kernel_size, self.padding,
+                            self.stride).permute(0, 2, 3, 1)
         else:
             y = y.view(b, h, w, self.out_channels, kh, kw).permute(0, 1, 4, 2, 5, 3)
             y = y.reshape(b, h * kh, w * kw, self.out_channels)  # channels-last rows per sample

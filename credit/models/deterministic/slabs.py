@@ -20,7 +20,8 @@ input is kept for backward (its patches are unfolded again):
   patch high (a 32-row kernel at stride 2: 32 output rows at a time), so where those rows'
   patch gradients pass `budget` (CREDIT's 1-degree cross-embedding, when its input needs a
   gradient: 2.1 GB, in nextgen_wxformer) the slab is cut into columns the same way, at
-  least a patch wide.
+  least a patch wide. Folds write into a tensor of their own size (`fold`): col2im's
+  own output keeps a storage as large as its columns.
 The bits equal the definition's on every backend (tests/models/test_det_conv_slabs.py).
 Hand-written because torch has no convolution with a caller-fixed reduction order.
 """
@@ -105,16 +106,19 @@ class _Slabs:
                     continue  # pixels no patch reaches keep a zero gradient
                 rows = g_grid[:, r_lo:r_hi, c_lo:c_hi].reshape(-1, self.c_out)
                 cols = _mm(rows, w2, backend, g_rows.dtype, whole=True)  # over C_out, as the definition's
+                del rows
                 top, span = r_lo * self.sh, (r_hi - 1 - r_lo) * self.sh + reach + 1
                 left, span_w = c_lo * self.sw, (c_hi - 1 - c_lo) * self.sw + reach_w + 1
-                folded = F.fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, span_w), (self.kh, self.kw),
-                                dilation=(self.dh, self.dw), stride=(self.sh, self.sw))
+                folded = fold(cols.view(self.b, -1, self.k).transpose(1, 2), (span, span_w), (self.kh, self.kw),
+                              (self.dh, self.dw), stride=(self.sh, self.sw))
+                del cols  # before the next slab's are made
                 # each pixel sums the patches that cover it, all inside this rectangle, in
                 # col2im's order; rows and columns between patches or past the last stay zero
                 start, end = max(i0, top), min(i1, top + span)
                 first, last = max(j0, left), min(j1, left + span_w)
                 if start < end and first < last:
                     gxp[:, :, start:end, first:last] = folded[:, :, start - top:end - top, first - left:last - left]
+                del folded
         return gxp[:, :, self.ph:self.ph + self.h, self.pw:self.pw + self.w]
 
     @staticmethod
@@ -126,7 +130,8 @@ class _Slabs:
         """Input columns a fold slab spans: all of them while the patch gradients of `height`
         rows fit the budget, else as many as fit, at least a patch's width."""
         out_rows = min(self.ho, (height + reach - 1) // self.sh + 1)
-        per_column = self.b * out_rows * self.k * self.elem
+        # the patch gradients and col2im's contiguous copy of them
+        per_column = 2 * self.b * out_rows * self.k * self.elem
         columns = self.budget // max(1, per_column)  # output columns whose patch gradients fit
         if columns >= self.wo:
             return self.wp
@@ -175,6 +180,16 @@ class _Slabs:
             return subtree(lo, mid) + subtree(mid, hi)
 
         return subtree(0, leaves)
+
+
+def fold(cols: torch.Tensor, size: tuple[int, int], kernel_size, dilation=(1, 1), padding=(0, 0),
+         stride=(1, 1)) -> torch.Tensor:
+    """F.fold's values and bits into a tensor of its own size. F.fold's col2im makes its output
+    like its (samples, C·kh·kw, positions) input and then shrinks it, so the result keeps a
+    storage as large as the columns (an im2col matrix held by a gradient or a slab)."""
+    out = cols.new_empty((cols.shape[0], cols.shape[1] // (kernel_size[0] * kernel_size[1]), *size))
+    return torch.ops.aten.col2im.out(cols, list(size), list(kernel_size), list(dilation), list(padding),
+                                     list(stride), out=out)
 
 
 def patch_rows(x: torch.Tensor, c_out: int, geometry) -> torch.Tensor:
