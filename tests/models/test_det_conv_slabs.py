@@ -142,3 +142,9 @@ def test_fold_is_f_fold_bitwise_in_a_tensor_of_its_own_size():
     ours = fold(cols, (20, 11), args["kernel_size"], args["dilation"], args["padding"], args["stride"])
     _same_bits(ours, F.fold(cols, (20, 11), **args), "fold")
     assert ours.untyped_storage().nbytes() == ours.numel() * ours.element_size()
+    # a GEMM's output, transposed (not contiguous): folded a few channels at a time
+    transposed = cols.transpose(1, 2).contiguous().transpose(1, 2)
+    for chunk_bytes in (1, 3 * 12 * 110 * 2 * 4, 1 << 30):  # a channel, 3 channels, all at once
+        chunked = fold(transposed, (20, 11), args["kernel_size"], args["dilation"], args["padding"],
+                       args["stride"], chunk_bytes=chunk_bytes)
+        _same_bits(chunked, ours, f"fold in chunks of {chunk_bytes} bytes")

@@ -37,8 +37,13 @@ from credit.kernels.gemm._ops import _mm, linear_local, row_sum
 from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic.conv import adjoint_weight
 
-SLAB_BYTES = 256 << 20
-"""im2col bytes a slab holds at most (a convolution whose whole matrix fits runs unsliced)."""
+SLAB_BYTES = 64 << 20
+"""im2col bytes a slab holds at most (a convolution whose whole matrix fits runs unsliced). At
+1 degree on the CPU replica of the GPU path (`benchmarks/step_memory.py`), 256 MiB put the
+decoder's 3x3 weight gradients and the cross-embeddings' slabs at the step's peak (det / fast
+1.42x, 1.42x, 1.79x for wxformer, crossformer, nextgen_wxformer); 64 MiB: 1.09x, 1.29x, 1.44x
+(then 1.13x and 1.30x with the chunked `fold`); 32 MiB gained 0.04 GiB on wxformer and lost as
+much on nextgen_wxformer, whose fold slabs are then recomputed more often. A 64 MiB slab is still a GEMM of thousands of rows."""
 
 
 class _Slabs:
@@ -130,8 +135,7 @@ class _Slabs:
         """Input columns a fold slab spans: all of them while the patch gradients of `height`
         rows fit the budget, else as many as fit, at least a patch's width."""
         out_rows = min(self.ho, (height + reach - 1) // self.sh + 1)
-        # the patch gradients and col2im's contiguous copy of them
-        per_column = 2 * self.b * out_rows * self.k * self.elem
+        per_column = self.b * out_rows * self.k * self.elem  # (fold copies them a few channels at a time)
         columns = self.budget // max(1, per_column)  # output columns whose patch gradients fit
         if columns >= self.wo:
             return self.wp
@@ -183,13 +187,26 @@ class _Slabs:
 
 
 def fold(cols: torch.Tensor, size: tuple[int, int], kernel_size, dilation=(1, 1), padding=(0, 0),
-         stride=(1, 1)) -> torch.Tensor:
+         stride=(1, 1), chunk_bytes: int = 16 << 20) -> torch.Tensor:
     """F.fold's values and bits into a tensor of its own size. F.fold's col2im makes its output
     like its (samples, C·kh·kw, positions) input and then shrinks it, so the result keeps a
-    storage as large as the columns (an im2col matrix held by a gradient or a slab)."""
-    out = cols.new_empty((cols.shape[0], cols.shape[1] // (kernel_size[0] * kernel_size[1]), *size))
-    return torch.ops.aten.col2im.out(cols, list(size), list(kernel_size), list(dilation), list(padding),
-                                     list(stride), out=out)
+    storage as large as the columns (an im2col matrix held by a gradient or a slab); and it
+    copies columns that are not contiguous (a GEMM's output, transposed) whole. Such columns
+    are folded here a few channels at a time (each channel's pixels sum only its own columns,
+    in the same order), so the copy holds at most about `chunk_bytes`."""
+    kernel = kernel_size[0] * kernel_size[1]
+    out = cols.new_empty((cols.shape[0], cols.shape[1] // kernel, *size))
+    args = list(size), list(kernel_size), list(dilation), list(padding), list(stride)
+    if cols.is_contiguous():
+        return torch.ops.aten.col2im.out(cols, *args, out=out)
+    per_channel = cols.shape[0] * kernel * cols.shape[2] * cols.element_size()
+    step = max(1, chunk_bytes // max(1, per_channel))
+    for c0 in range(0, out.shape[1], step):
+        c1 = min(out.shape[1], c0 + step)
+        part = cols[:, c0 * kernel:c1 * kernel].contiguous()
+        out[:, c0:c1] = torch.ops.aten.col2im.out(part, *args, out=out.new_empty((out.shape[0], c1 - c0, *size)))
+        del part
+    return out
 
 
 def patch_rows(x: torch.Tensor, c_out: int, geometry) -> torch.Tensor:
