@@ -193,3 +193,29 @@ def test_whole_reductions_follow_the_tp_plans(name):
     expected = {"colwise": (True, False), "rowwise": (False, True), None: (True, True)}
     for layer in linears:
         assert layer.whole_reductions == expected[planned.get(id(layer))], layer
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 30])  # a row at a time, a few, all at once
+@pytest.mark.parametrize("shape", [(7, 4, 18, 8), (3, 2, 5, 16)])
+def test_recomputed_attention_is_the_written_out_chain_bitwise_and_keeps_no_probabilities(shape, chunk_bytes):
+    """nextgen_wxformer's column attention: the output and the q, k, v gradients of
+    softmax(q kᵀ · scale) v as autograd takes them, bit for bit, with q, k and v the only
+    tensors kept for backward (the (..., L, L) probabilities are recomputed), made in chunks
+    of the leading dimension or all at once."""
+    import math
+
+    from credit.models.credit.deterministic_attention import recomputed_attention
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
+    upstream = torch.randn(shape, generator=gen)
+    scale = 1 / math.sqrt(shape[-1])
+    written_out = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1), v)
+    expected = torch.autograd.grad(written_out, (q, k, v), upstream)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        out = recomputed_attention(q, k, v, scale, chunk_bytes)
+    assert torch.equal(out, written_out)
+    for what, a, b in zip("qkv", torch.autograd.grad(out, (q, k, v), upstream), expected):
+        assert torch.equal(a, b), f"d{what} differs"
+    assert saved == [shape] * 3, saved

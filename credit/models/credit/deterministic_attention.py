@@ -74,3 +74,65 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: 
                        col_offset=head_offset, global_cols=global_heads)
         probs = probs * mask.view(n, length, length, heads).permute(0, 3, 1, 2)
     return torch.matmul(probs, v).transpose(1, 2).reshape(n, length, width)
+
+
+ATTENTION_CHUNK_BYTES = 32 << 20
+"""Bytes of (L, L) scores that recomputed attention makes at a time."""
+
+
+class _RecomputedAttention(torch.autograd.Function):
+    """softmax(q kᵀ · scale) v that keeps q, k and v for backward, not the probabilities, and
+    makes the (L, L) scores a chunk of (sample, head) rows at a time, forward and backward:
+    each row's products are its own (per head on contiguous operands, as above), so chunks
+    give the written-out chain's bits, and backward takes autograd's own steps in autograd's
+    order. The probabilities of attention across a grid's columns are the largest tensors a
+    deterministic step would otherwise make and hold (torch's fused attention, the fast
+    path, keeps none)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, chunk_bytes):  # type: ignore[override]
+        ctx.save_for_backward(q, k, v)
+        ctx.scale, ctx.chunk_bytes = scale, chunk_bytes
+        out = torch.empty_like(q)
+        for rows in _chunks(q, chunk_bytes):
+            out[rows] = torch.matmul(_probabilities(q[rows], k[rows], scale), v[rows])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        q, k, v = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for rows in _chunks(q, ctx.chunk_bytes):
+            g = grad[rows]
+            probs = _probabilities(q[rows], k[rows], ctx.scale)
+            grad_v[rows] = torch.matmul(probs.mT, g)
+            grad_scores = torch._softmax_backward_data(torch.matmul(g, v[rows].mT), probs, -1, probs.dtype)
+            del probs
+            grad_scores.mul_(ctx.scale)
+            grad_q[rows] = torch.matmul(grad_scores, k[rows])
+            grad_k[rows] = torch.matmul(q[rows].mT, grad_scores).mT
+        return grad_q, grad_k, grad_v, None, None
+
+
+def _chunks(q: torch.Tensor, chunk_bytes: int):
+    """Index tuples of the leading dimension: runs of rows whose (L, L) scores fit `chunk_bytes`
+    (a row being every head of one leading index)."""
+    length = q.shape[-2]
+    per_row = max(1, q[0].numel() // q.shape[-1] * length * q.element_size())
+    step = max(1, chunk_bytes // per_row)
+    for start in range(0, q.shape[0], step):
+        yield slice(start, min(q.shape[0], start + step))
+
+
+def _probabilities(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.softmax(torch.matmul(q, k.transpose(-1, -2)).mul_(scale), dim=-1)
+
+
+def recomputed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                         chunk_bytes: int = ATTENTION_CHUNK_BYTES) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v over contiguous (N, ..., L, d) q/k/v, bitwise the written-out
+    chain and its gradients, holding q, k and v for backward instead of the (..., L, L)
+    probabilities, and making those a chunk of N at a time."""
+    return _RecomputedAttention.apply(q, k, v, scale, chunk_bytes)

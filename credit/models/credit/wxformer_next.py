@@ -22,6 +22,7 @@ from torch import nn
 
 from credit.kernels.gemm._ops import linear_local
 from credit.models.credit.convs import UpBlockPS, output_head, resize
+from credit.models.credit.deterministic_attention import recomputed_attention
 from credit.models.credit.layers import check_windows, encoder_grids, stage_multiple
 from credit.models.credit.wxformer import CreditSpec, build_encoder, check_decoder_widths, number_dropouts
 from credit.models.deterministic.norms import channel_affine
@@ -64,8 +65,7 @@ class PackedAttention(nn.Module):
             packed = linear_local(x, self.in_proj_weight, None, "auto", groups=x.shape[0])
             q, k, v = (t.reshape(-1, length, self.heads, d).transpose(1, 2).contiguous()
                        for t in packed.chunk(3, dim=-1))
-            probs = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d)), dim=-1)
-            attended = torch.matmul(probs, v)
+            attended = recomputed_attention(q, k, v, 1.0 / math.sqrt(d))
         else:
             q, k, v = (t.reshape(-1, length, self.heads, d).transpose(1, 2)
                        for t in F.linear(x, self.in_proj_weight).chunk(3, dim=-1))
