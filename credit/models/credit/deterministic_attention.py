@@ -117,8 +117,8 @@ class _RecomputedAttention(torch.autograd.Function):
 
 
 def _chunks(q: torch.Tensor, chunk_bytes: int):
-    """Index tuples of the leading dimension: runs of rows whose (L, L) scores fit `chunk_bytes`
-    (a row being every head of one leading index)."""
+    """Slices of the leading dimension: runs of rows whose (L, L) scores fit `chunk_bytes` (a
+    row being every head of one leading index), at least one row each."""
     length = q.shape[-2]
     per_row = max(1, q[0].numel() // q.shape[-1] * length * q.element_size())
     step = max(1, chunk_bytes // per_row)

@@ -38,12 +38,10 @@ from credit.kernels.gemm._registry import resolve
 from credit.models.deterministic.conv import adjoint_weight
 
 SLAB_BYTES = 64 << 20
-"""im2col bytes a slab holds at most (a convolution whose whole matrix fits runs unsliced). At
-1 degree on the CPU replica of the GPU path (`benchmarks/step_memory.py`), 256 MiB put the
-decoder's 3x3 weight gradients and the cross-embeddings' slabs at the step's peak (det / fast
-1.42x, 1.42x, 1.79x for wxformer, crossformer, nextgen_wxformer); 64 MiB: 1.09x, 1.29x, 1.44x
-(then 1.13x and 1.30x with the chunked `fold`); 32 MiB gained 0.04 GiB on wxformer and lost as
-much on nextgen_wxformer, whose fold slabs are then recomputed more often. A 64 MiB slab is still a GEMM of thousands of rows."""
+"""im2col bytes a slab holds at most (a convolution whose whole matrix fits runs unsliced).
+At 256 MiB the decoder's 3x3 weight gradients and the cross-embeddings' slabs set the step's
+peak at 1 degree; 32 MiB was no better overall, nextgen_wxformer's fold slabs being then
+recomputed more often (`benchmarks/step_memory.py`, docs/gpu.md)."""
 
 
 class _Slabs:
