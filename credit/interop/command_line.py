@@ -40,6 +40,8 @@ def credit_file_overrides(args: Sequence[str], report: bool = False) -> tuple[li
             print("\n".join(lines))
         raise ValueError(refused[0] if len(refused) == 1 else f"{refused[0]} (and {len(refused) - 1} more: "
                                                               f"credit check --credit-config {path})")
+    for why in mapping.read_otherwise if not report and os.environ.get("RANK", "0") == "0" else ():
+        print(f"warning: {path}: {why}", file=sys.stderr)
     if mapping.ignored and not report and os.environ.get("RANK", "0") == "0":
         print(f"warning: {path}: CREDIT keys ignored here: {', '.join(mapping.ignored)} (credit check "
               f"--credit-config {path} says why)", file=sys.stderr)

@@ -21,14 +21,15 @@ from credit.interop import config_gen1 as cv
 from credit.interop import config_gen2 as cvg
 from credit.interop import config_gen2_blocks as cvb
 from credit.interop import config_gen2_loss
-from credit.interop.config_gen1 import Convert
+from credit.interop.config_gen1 import READ_OTHERWISE, Convert
 
 
 @dataclass(frozen=True)
 class Rule:
     """One CREDIT key: `convert(value, whole config)` returns this project's (key, value)
     pairs, or a refusal line; `note` says why a key with no conversion is ignored. A pair
-    (None, "KEY: why") names a part of the value CREDIT runs as a no-op: ignored, with the why."""
+    (None, "KEY: why") names a part of the value CREDIT runs as a no-op: ignored, with the why; a
+    pair (READ_OTHERWISE, "KEY: why") a part read otherwise than CREDIT's code runs it: a warning."""
 
     key: str
     convert: Convert | None = None
@@ -191,6 +192,7 @@ class CreditMapping:
     refused: list[str] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    read_otherwise: list[str] = field(default_factory=list)  # one warning each at a run's start
 
 
 def _override(key: str, value: Any) -> str:
@@ -241,7 +243,10 @@ def map_credit_file(conf: Mapping[str, Any]) -> CreditMapping:
             part, reason = why.split(":", 1)
             out.ignored.append(part)
             out.lines.append(f"{part}: ignored ({reason.strip()})")
-        result = [pair for pair in result if pair[0] is not None]
+        for _, why in (pair for pair in result if pair[0] == READ_OTHERWISE):
+            out.read_otherwise.append(why)
+            out.lines.append(f"{why.split(':', 1)[0]}: read otherwise than CREDIT: {why.split(':', 1)[1].strip()}")
+        result = [pair for pair in result if pair[0] not in (None, READ_OTHERWISE)]
         out.overrides += [_override(k, v) for k, v in result]
         targets = ", ".join(_override(k, v) for k, v in result) or "(nothing to set: this project's default)"
         out.lines.append(f"{key} -> {targets}")

@@ -16,6 +16,11 @@ from credit.interop.paths import expand
 
 Convert = Callable[[Any, Mapping[str, Any]], "list[tuple[str, Any]] | str"]
 
+READ_OTHERWISE = "~read otherwise"
+"""The key of a converter's pair (READ_OTHERWISE, "KEY: why") for a part of a file that is read
+here otherwise than CREDIT's own code runs it (where that code would fail, or train NaN): one
+warning line at the start of a run."""
+
 
 def years(key: str) -> Convert:
     def convert(value: Any, conf: Mapping[str, Any]):
@@ -199,11 +204,16 @@ def training_loss(value: Any, conf: Mapping[str, Any]):
     from credit.config.validate import LOSS_FUNCTIONS
 
     members = int(dict(conf.get("trainer") or {}).get("ensemble_size") or 1)
+    if value == "KCRPS" and members < 2:  # the one-member limit: the CRPS of a point forecast
+        return [("trainer.loss.function", "mae"),
+                (READ_OTHERWISE, "loss.training_loss: 'KCRPS' with trainer.ensemble_size 1 trains the CRPS of one "
+                                 "member, its absolute error (mae); CREDIT's KCRPS divides 0 by m (m - 1) = 0 there and "
+                                 "its loss is NaN from the first step")]
     if value in ENSEMBLE_LOSSES:
         if members < 2:
             return (f"loss.training_loss: {value!r} with trainer.ensemble_size {members}: a CRPS over one member "
-                    "divides by m (m - 1) = 0 (CREDIT's KCRPS is NaN there, its almost-fair CRPS asserts; its "
-                    "gen2 trainer refuses it); set trainer.ensemble_size >= 2")
+                    "divides by m (m - 1) = 0 (CREDIT's almost-fair CRPS asserts there; its gen2 trainer refuses "
+                    "it); set trainer.ensemble_size >= 2")
         return [("trainer.loss.function", ENSEMBLE_LOSSES[value])]
     if value == "ring-crps":  # CREDIT: one member per data-parallel rank, ensemble_size = those ranks
         if members < 2:

@@ -186,7 +186,10 @@ def period(section: str, target: str):
         start, end = timestamp(values["start_datetime"]), timestamp(values["end_datetime"])
         if end < start:
             return f"{section}.end_datetime: {values['end_datetime']} is before start_datetime"
-        return [(target, [start, end])]
+        pairs = [(target, [start, end])]
+        if section == "data" and not conf.get("validation_data"):  # CREDIT's gen2 trainer validates on `data` then
+            pairs.append(("data.valid_period", [start, end]))
+        return pairs
 
     return convert
 

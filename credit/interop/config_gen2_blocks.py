@@ -14,6 +14,7 @@ from typing import Any
 
 from credit.interop import config_gen2
 from credit.interop.config_gen2 import FIELD_TYPES, only_source, output_variables, solar_source
+from credit.interop.config_gen1 import READ_OTHERWISE
 from credit.interop.config_gen2_computed import geopotential_section
 from credit.interop.paths import expand
 
@@ -111,12 +112,35 @@ def spatial_selection(args: Mapping[str, Any], keys: Mapping[str, str]) -> list[
     return selected(args["spatial_variables"], keys) if args.get("spatial_variables") else []
 
 
+PREBLOCK_SECTIONS = ("ic_only", "per_step")
+
+
+def flat_preblocks(value: Any) -> bool:
+    """Whether `preblocks` is CREDIT's layout before its two sections: blocks by name (each with
+    a `type`), none of the section names. CREDIT then ran every block at each step and always
+    concatenated last; its build_preblocks now refuses the layout and asks for the migration to
+    `per_step` that `preblock_sections` makes."""
+    return (isinstance(value, Mapping) and bool(value) and not set(value) & set(PREBLOCK_SECTIONS)
+            and all(isinstance(block, Mapping) and "type" in block for block in value.values()))
+
+
+def preblock_sections(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's preblocks by section; the flat layout as its `per_step` section, with concat
+    last where the file names none. The blocks are the file's own objects (not copies)."""
+    value = conf.get("preblocks")
+    if not flat_preblocks(value):
+        return dict(value or {})
+    concat = any(block.get("type") == "concat" for block in value.values())
+    return {"per_step": {**value, **({} if concat else {"concat": {"type": "concat"}})}}
+
+
 def preblocks(value: Any, conf: Mapping[str, Any]):
     """CREDIT's `preblocks.per_step`: a normaliser (era5_normalizer: mean/std files, positional
     levels; or bridgescaler_transform: a bridgescaler file), then concat; `to_device` moves the
     tensors, which this project's loader does."""
-    value = dict(value or {})
-    extra = sorted(set(value) - {"ic_only", "per_step"})
+    flat = flat_preblocks(value)
+    value = preblock_sections({"preblocks": value})
+    extra = sorted(set(value) - set(PREBLOCK_SECTIONS))
     if extra:
         return (f"preblocks.{extra[0]}: CREDIT's preblocks sections are ic_only and per_step (CREDIT's build_preblocks "
                 "refuses any other)")
@@ -160,7 +184,10 @@ def preblocks(value: Any, conf: Mapping[str, Any]):
     if kinds not in (["era5_normalizer", "concat"], ["bridgescaler_transform", "concat"]):
         return (f"preblocks.per_step: {kinds}; this project reads one normaliser (era5_normalizer or "
                 "bridgescaler_transform) followed by concat (CREDIT's ERA5 examples)")
-    return pairs + [("data.credit.transforms", transforms)] * bool(transforms)
+    migrated = [(READ_OTHERWISE, "preblocks: blocks by name, CREDIT's layout before its ic_only and per_step "
+                                 "sections; read as per_step with concat last, as CREDIT then ran them (its "
+                                 "build_preblocks now refuses the layout and asks for that migration)")]
+    return pairs + [("data.credit.transforms", transforms)] * bool(transforms) + migrated * flat
 
 
 _POINTWISE_KIND = {"log_transform": "log", "sqrt_transform": "sqrt", "fill_values": "fill", "exp_transform": "exp",
@@ -217,7 +244,7 @@ def _fill_rules(where: str, rules: Any) -> list[dict] | str:
 
 def preblock_scaler(conf: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The args of the config's `bridgescaler_transform` preblock, if it has one."""
-    blocks = dict(dict(conf.get("preblocks") or {}).get("per_step") or {})
+    blocks = dict(preblock_sections(conf).get("per_step") or {})
     return next((dict(b.get("args") or {}) for b in blocks.values()
                  if isinstance(b, Mapping) and b.get("type") == "bridgescaler_transform"), None)
 

@@ -16,7 +16,8 @@ stores sit in folders such as `all_in_one/`, `static/`, `mean_std/`, whose globs
   of the values the log and sqrt preblocks make, for the variables they name, whose generated
   values are non-negative);
 - DIR/<the file's name>: the file with the paths above (the inference postblocks' scaler too), `save_loc` and `inference.save_forecast`
-  under DIR, the training and validation periods cut to their first `days` days, or to one
+  under DIR, a fresh start (`trainer.load_weights` off: the new `save_loc` holds no checkpoint
+  to continue), the training and validation periods cut to their first `days` days, or to one
   global batch of the file's `train_batch_size` or a forecast of the default `rollout.lead_steps`
   if that is longer (CREDIT's master clock reads every time of a period), the forecasts starting at the validation period's start,
   and with `--grid` the model's grid and its boundary padding (so every stage's windows tile).
@@ -42,7 +43,8 @@ from credit.data.generate import GenerateError, prepare_output_dir, write_atomic
 from credit.interop.bridgescaler_file import FIELD_KEYS, SIDE_ROLES, var_key, write_standard_scalers
 from credit.interop import generate_like_geopotential, generate_like_tisr
 from credit.interop.config_gen2 import FIELD_TYPES, is_gen2, only_source, solar_source, span
-from credit.interop.config_gen2_blocks import POINTWISE, pointwise, selects_nothing, source_var_keys, spatial_selection
+from credit.interop.config_gen2_blocks import (POINTWISE, pointwise, preblock_sections, selects_nothing, source_var_keys,
+                                              spatial_selection)
 from credit.interop.generate_like_gen1 import generate_like_gen1
 from credit.interop.like_fields import model_grid, placed, training_stats, wave_field
 from credit.interop.paths import expand
@@ -231,11 +233,11 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
     scaler_files: set[str] = set()
     keys = source_var_keys(conf)
     spatial: set[str] = set()
-    for phase in [*dict(conf.get("preblocks") or {}).values(), *dict(conf.get("postblocks") or {}).values()]:
+    for phase in [*preblock_sections(conf).values(), *dict(conf.get("postblocks") or {}).values()]:
         for block in dict(phase or {}).values():
             if dict(block or {}).get("type") == "bridgescaler_transform":
                 spatial.update(spatial_selection(dict(block.get("args") or {}), keys))
-    for phase in dict(conf.get("preblocks") or {}).values():
+    for phase in preblock_sections(conf).values():
         for block in dict(phase or {}).values():
             args = dict(block or {}).get("args") or {}
             if block.get("type") == "era5_normalizer":
@@ -268,6 +270,9 @@ def _copy_config(conf: Mapping[str, Any], out: Path, templates: Mapping[str, Any
                                              for role in roles for v in names[role]}
                                       for side, roles in SIDE_ROLES.items()})
     conf["save_loc"] = str(out / "run")
+    trainer = conf.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("load_weights"):  # no save_loc/checkpoint.pt to continue from
+        trainer["load_weights"], trainer["load_optimizer"] = False, False
     inference = conf.get("inference")
     if isinstance(inference, dict):
         first = periods["validation_data"][0]
@@ -287,7 +292,7 @@ def _preblock_transforms(conf: Mapping[str, Any]) -> list[tuple[Pointwise, list[
     """The file's log and sqrt preblocks, each with the bare names it transforms."""
     keys = source_var_keys(conf)
     entries = []
-    for name, block in dict(dict(conf.get("preblocks") or {}).get("per_step") or {}).items():
+    for name, block in dict(preblock_sections(conf).get("per_step") or {}).items():
         kind, args = dict(block or {}).get("type"), dict(dict(block or {}).get("args") or {})
         if POINTWISE.get(kind) == "preblocks" and not selects_nothing(name, kind, args, keys):
             entry = pointwise(name, kind, args, keys)

@@ -150,7 +150,7 @@ def test_full_pass_epochs_dynamic_clipping_and_restarts(credit_dataset, tmp_path
 
 @pytest.mark.parametrize("change, refusal", [
     ({"trainer": {"amp": True}}, "trainer.amp: true"),
-    ({"loss": {"training_loss": "KCRPS"}}, "loss.training_loss: 'KCRPS'"),
+    ({"loss": {"training_loss": "almost-fair-crps"}}, "loss.training_loss: 'almost-fair-crps' with trainer.ensemble_size 1"),
     ({"trainer": {"ensemble_size": 4}}, "trainer.ensemble_size: 4 with loss.training_loss"),
     ({"trainer": {"compile": True}}, "trainer.compile: true"),
     ({"trainer": {"mode": "domain_parallel", "domain_parallel_size": 2}},
@@ -240,3 +240,24 @@ def test_credits_ring_crps_is_the_fair_crps_with_one_member_a_rank():
                                       "trainer.ensemble_size=4"} <= set(mapped.overrides), mapped.overrides
     refused = map_credit_file({"loss": {"training_loss": "ring-crps"}}).refused
     assert len(refused) == 1 and "ring-crps" in refused[0] and "trainer.ensemble_size 1" in refused[0]
+
+
+def test_kcrps_over_one_member_trains_its_absolute_error_with_one_warning(credit_dataset, tmp_path, capsys):
+    """CREDIT's KCRPS over one member divides 0 by m (m - 1) = 0 and is NaN (fixture
+    crps_meta.json), its archive v1 wxformer files ask for it: here the CRPS of one member, the
+    absolute error, with one warning that says how the file is read otherwise than CREDIT runs it."""
+    from credit.interop.command_line import credit_file_overrides
+
+    meta = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "credit_losses" / "crps_meta.json").read_text())
+    assert meta["one_member_kcrps_is_nan"] is True
+    conf = yaml.safe_load((credit_dataset / "credit.yml").read_text())
+    conf["loss"]["training_loss"] = "KCRPS"
+    config = tmp_path / "credit.yml"
+    config.write_text(yaml.safe_dump(conf))
+    overrides, _ = credit_file_overrides(["--credit-config", str(config)])
+    assert "trainer.loss.function=mae" in overrides
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "KCRPS" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {config}: loss.training_loss: 'KCRPS' with "
+                                                         "trainer.ensemble_size 1 trains the CRPS of one member")
+    conf["trainer"]["ensemble_size"] = 2  # two members: CREDIT's KCRPS itself, no warning
+    assert "trainer.loss.function=kcrps" in map_credit_file(conf).overrides and not map_credit_file(conf).read_otherwise

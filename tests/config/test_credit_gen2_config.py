@@ -180,3 +180,33 @@ def test_a_pointwise_transform_that_selects_nothing_is_ignored_as_credit_runs_it
     conf["preblocks"]["per_step"]["log_trans"]["args"]["variables"] = ["ERA5/diagnostic/2d/total_precipitation"]
     mapping = map_credit_file(conf)
     assert "data.credit.transforms=[{kind:log,variables:[total_precipitation],base:e,eps:1e-08}]" in mapping.overrides
+
+
+def test_flat_preblocks_read_as_credits_per_step_section_with_one_warning(gen2_dataset):
+    """CREDIT's layout before its ic_only / per_step sections (its npj example keeps it): blocks
+    by name, every one run each step, concat always last. Read as that per_step section (the
+    same overrides as the file migrated by hand), with one line that says so; a file that mixes
+    the two layouts is refused."""
+    conf = yaml.safe_load((gen2_dataset / "credit.yml").read_text())
+    sections = map_credit_file(conf)
+    flat = copy.deepcopy(conf)
+    flat["preblocks"] = {"norm": flat["preblocks"]["per_step"]["norm"]}  # no concat: CREDIT then always ran one
+    mapped = map_credit_file(flat)
+    assert mapped.refused == [] and mapped.overrides == sections.overrides
+    assert sections.read_otherwise == [] and len(mapped.read_otherwise) == 1
+    assert mapped.read_otherwise[0].startswith("preblocks: blocks by name")
+    mixed = copy.deepcopy(conf)
+    mixed["preblocks"]["norm"] = mixed["preblocks"]["per_step"].pop("norm")
+    assert map_credit_file(mixed).refused[0].startswith("preblocks.norm: CREDIT's preblocks sections are")
+
+
+def test_without_validation_data_validation_reads_the_data_period(gen2_dataset):
+    """CREDIT's gen2 trainer validates on `data` when the file has no `validation_data` section."""
+    conf = yaml.safe_load((gen2_dataset / "credit.yml").read_text())
+    periods = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in map_credit_file(conf).overrides
+               if o.startswith(("data.train_period=", "data.valid_period="))}
+    assert periods["data.train_period"] != periods["data.valid_period"]
+    del conf["validation_data"]
+    periods = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in map_credit_file(conf).overrides
+               if o.startswith(("data.train_period=", "data.valid_period="))}
+    assert periods["data.train_period"] == periods["data.valid_period"]

@@ -33,7 +33,8 @@ GEN2_FILES = [("config/gen_2/examples/example-v2026.2.yml", (32, 64)),
               ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_casper.yml", (64, 128)),
               ("config/gen_2/smoke/smoke_gen2_multistep_casper.yml", (32, 64)),
-              ("config/gen_2/smoke/smoke_ensemble_gen2_casper.yml", (64, 128))]
+              ("config/gen_2/smoke/smoke_ensemble_gen2_casper.yml", (64, 128)),
+              ("config/gen_2/examples/wxformer_npj_era5_028deg.yml", (64, 128))]
 
 
 @pytest.fixture
@@ -182,6 +183,8 @@ GEN1_FILES = [("config/example-v2026.1.0.yml", (32, 64)),
               ("config/gen_1/arXiv_2024/wxformer_6h_multi_step.yml", (64, 128)),
               ("config/gen_1/arXiv_2024/wxformer_6h_single_step.yml", (64, 128)),
               ("config/gen_1/archive/v1/wxformer_1dg_6hr.yml", (32, 64)),
+              ("config/gen_1/archive/v1/wxformer_1hr.yml", (64, 128)),
+              ("config/gen_1/archive/v1/wxformer_6hr.yml", (64, 128)),
               ("config/gen_1/example/example-v2026.1.0.yml", (32, 64)),
               ("config/gen_1/applications/ensemble/test_cesm_ensemble.yml", (32, 64)),
               ("config/gen_2/smoke/smoke_v2branch_casper.yml", (64, 128))]
