@@ -86,6 +86,27 @@ def test_credits_example_trains_two_steps_and_rolls_out(tmp_path):
         assert "temperature" in ds.data_vars and bool(ds["temperature"].notnull().all())
 
 
+@pytest.mark.parametrize("name, grid", [("config/gen_2/examples/wxformer_npj_era5_028deg.yml", (64, 128)),
+                                        ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128))],
+                         ids=["npj", "025deg_6hr"])
+def test_the_other_gen2_examples_train_validate_and_roll_out(tmp_path, name, grid):
+    """CREDIT's other gen2 examples, narrowed (stage widths and depths; the rest is the file's):
+    the npj file's flat preblocks and its validation on `data` (it has no validation_data), two
+    steps, a validation, a forecast."""
+    copy = _like(tmp_path, name, grid)
+    common = ["--credit-config", str(copy), "model.dim=[16,32,64,128]", "model.depth=[1,1,1,1]", "model.dim_head=8"]
+    trained = credit_command("train", *common, "trainer.max_steps=2", "trainer.valid_every_n_steps=2",
+                             "trainer.progress_bar=false", env=ENV)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
+    assert sum(",train," in row for row in rows) == 2 and sum(",valid," in row for row in rows) == 1
+    forecast = credit_command("rollout", *common, "rollout.lead_steps=1", env=ENV)
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
+    with xr.open_dataset(files[0]) as ds:
+        assert ds.data_vars and all(bool(np.isfinite(ds[v].values).all()) for v in ds.data_vars)
+
+
 def test_the_end_to_end_example_scales_sp_per_grid_point_trains_and_forecasts(tmp_path):
     """CREDIT's `example-end-to-end.yml` with its log blocks naming precipitation as a list (the
     file gives a string, which CREDIT reads as characters: a no-op): SP scaled per grid point
