@@ -86,6 +86,20 @@ def test_credits_example_trains_two_steps_and_rolls_out(tmp_path):
         assert "temperature" in ds.data_vars and bool(ds["temperature"].notnull().all())
 
 
+def _two_steps_a_validation_a_forecast(tmp_path: Path, common: list[str]) -> Path:
+    """`credit train` two steps with a validation after the second, then `credit rollout` one
+    lead, on the copy under tmp_path / "data"; the first forecast file."""
+    trained = credit_command("train", *common, "trainer.max_steps=2", "trainer.valid_every_n_steps=2",
+                             "trainer.progress_bar=false", env=ENV)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
+    assert sum(",train," in row for row in rows) == 2 and sum(",valid," in row for row in rows) == 1
+    forecast = credit_command("rollout", *common, "rollout.lead_steps=1", env=ENV)
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
+    return files[0]
+
+
 @pytest.mark.parametrize("name, grid", [("config/gen_2/examples/wxformer_npj_era5_028deg.yml", (64, 128)),
                                         ("config/gen_2/examples/wxformer_era5_025deg_6hr.yml", (64, 128))],
                          ids=["npj", "025deg_6hr"])
@@ -95,15 +109,7 @@ def test_the_other_gen2_examples_train_validate_and_roll_out(tmp_path, name, gri
     steps, a validation, a forecast."""
     copy = _like(tmp_path, name, grid)
     common = ["--credit-config", str(copy), "model.dim=[16,32,64,128]", "model.depth=[1,1,1,1]", "model.dim_head=8"]
-    trained = credit_command("train", *common, "trainer.max_steps=2", "trainer.valid_every_n_steps=2",
-                             "trainer.progress_bar=false", env=ENV)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
-    assert sum(",train," in row for row in rows) == 2 and sum(",valid," in row for row in rows) == 1
-    forecast = credit_command("rollout", *common, "rollout.lead_steps=1", env=ENV)
-    assert forecast.returncode == 0, forecast.stderr[-3000:]
-    files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
-    with xr.open_dataset(files[0]) as ds:
+    with xr.open_dataset(_two_steps_a_validation_a_forecast(tmp_path, common)) as ds:
         assert ds.data_vars and all(bool(np.isfinite(ds[v].values).all()) for v in ds.data_vars)
 
 
@@ -123,16 +129,9 @@ def test_the_end_to_end_example_scales_sp_per_grid_point_trains_and_forecasts(tm
     source.write_text(yaml.safe_dump(conf, sort_keys=False))
     copy = generate_like(source, tmp_path / "data", grid=(32, 64), days=2)
     common = ["--credit-config", str(copy)]
-    trained = credit_command("train", *common, "trainer.max_steps=2", "trainer.valid_every_n_steps=2",
-                             "trainer.progress_bar=false", env=ENV)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    rows = (tmp_path / "data" / "run" / "metrics.csv").read_text().splitlines()
-    assert sum(",train," in row for row in rows) == 2 and sum(",valid," in row for row in rows) == 1
-    forecast = credit_command("rollout", *common, "rollout.lead_steps=1", env=ENV)
-    assert forecast.returncode == 0, forecast.stderr[-3000:]
-    files = sorted((tmp_path / "data" / "forecasts").glob("forecast_*.nc"))
+    first = _two_steps_a_validation_a_forecast(tmp_path, common)
     truth = sorted((tmp_path / "data").glob("**/ERA5_mlevel_1deg_6h_subset_*"))[0]
-    with xr.open_dataset(files[0]) as ds, xr.open_zarr(truth) as data:
+    with xr.open_dataset(first) as ds, xr.open_zarr(truth) as data:
         for var in ("SP", "total_precipitation"):  # an untrained model: within a few of the data's std
             values = ds[var].values
             assert bool(np.isfinite(values).all())
